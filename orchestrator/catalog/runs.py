@@ -1,0 +1,101 @@
+"""Runs: the state of each version's driver, changed only through ``states.transition()``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from orchestrator.catalog import events
+from orchestrator.catalog.db import qualified
+from orchestrator.errors import NotFoundError
+from orchestrator.models import DeployedVersion, RunRecord
+from orchestrator.states import RunState, transition
+
+_COLUMNS = ("version_id, state, attempt, pid, pid_started, host, app_id, log_path, reason, "
+            "started_at, heartbeat_at, caught_up_at")
+
+
+def _from_row(row: tuple[Any, ...]) -> RunRecord:
+    (vid, state, attempt, pid, pid_started, host, app_id, log_path, reason, started,
+     heartbeat, caught_up) = row
+    return RunRecord(version_id=vid, state=RunState(state), attempt=attempt, pid=pid,
+                     pid_started=pid_started, host=host, app_id=app_id, log_path=log_path,
+                     reason=reason, started_at=started, heartbeat_at=heartbeat,
+                     caught_up_at=caught_up)
+
+
+def create(conn: psycopg.Connection, schema: str, version_id: int) -> RunRecord:
+    row = conn.execute(
+        sql.SQL("INSERT INTO {} (version_id, state) VALUES (%s, %s) RETURNING " + _COLUMNS)
+        .format(qualified(schema, "runs")), (version_id, RunState.REGISTERED.value)).fetchone()
+    assert row is not None
+    return _from_row(row)
+
+
+def get(conn: psycopg.Connection, schema: str, version_id: int, *, for_update: bool = False
+        ) -> RunRecord:
+    query = "SELECT " + _COLUMNS + " FROM {} WHERE version_id = %s"
+    if for_update:
+        query += " FOR UPDATE"
+    row = conn.execute(sql.SQL(query).format(qualified(schema, "runs")), (version_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no run for version id {version_id}: deploy the version first")
+    return _from_row(row)
+
+
+def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion,
+                 target: RunState, *, reason: str | None = None,
+                 expect_attempt: int | None = None, **changes: Any) -> RunRecord | None:
+    """Move the run to ``target`` inside the caller's transaction, and log the event.
+
+    With ``expect_attempt`` (drivers pass their own), a driver that has been replaced by a
+    restart changes nothing and gets None: it must stop.
+    """
+    current = get(conn, schema, version.id, for_update=True)
+    if expect_attempt is not None and current.attempt != expect_attempt:
+        return None
+    if current.state == target and not changes:
+        return current
+    transition(current.state, target)
+    assignments = [sql.SQL("state = %(state)s"), sql.SQL("reason = %(reason)s"),
+                   sql.SQL("updated_at = now()")]
+    params: dict[str, Any] = {"state": target.value, "reason": reason, "vid": version.id}
+    for column, value in changes.items():
+        assignments.append(sql.SQL("{} = %({})s").format(sql.Identifier(column),
+                                                           sql.SQL(column)))
+        params[column] = value
+    if target == RunState.CAUGHT_UP:
+        assignments.append(sql.SQL("caught_up_at = COALESCE(caught_up_at, now())"))
+    row = conn.execute(
+        sql.SQL("UPDATE {} SET {} WHERE version_id = %(vid)s RETURNING " + _COLUMNS).format(
+            qualified(schema, "runs"), sql.SQL(", ").join(assignments)), params).fetchone()
+    assert row is not None
+    detail: dict[str, Any] = {"from": current.state.value, "to": target.value}
+    if reason:
+        detail["reason"] = reason
+    if "attempt" in changes:
+        detail["attempt"] = changes["attempt"]
+    events.record(conn, schema, "state", job=version.job, version=version.version, **detail)
+    return _from_row(row)
+
+
+def heartbeat(conn: psycopg.Connection, schema: str, version_id: int, attempt: int) -> bool:
+    """Record that the driver of ``attempt`` is alive; False if a restart replaced it."""
+    cur = conn.execute(
+        sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE version_id = %s AND attempt = %s")
+        .format(qualified(schema, "runs")), (version_id, attempt))
+    return cur.rowcount == 1
+
+
+def processed_offsets(conn: psycopg.Connection, schema: str, version_id: int
+                      ) -> dict[str, dict[str, int]]:
+    rows = conn.execute(
+        sql.SQL("SELECT topic, partition, next_offset FROM {} WHERE version_id = %s "
+                "ORDER BY topic, partition").format(qualified(schema, "processed_offsets")),
+        (version_id,)).fetchall()
+    result: dict[str, dict[str, int]] = {}
+    for topic, partition, next_offset in rows:
+        result.setdefault(topic, {})[str(partition)] = next_offset
+    return result

@@ -1,0 +1,89 @@
+"""Jobs and their immutable deployed versions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from orchestrator.catalog.db import qualified
+from orchestrator.errors import ConflictError, NotFoundError
+from orchestrator.jobspec import spec_from_catalog, spec_to_json
+from orchestrator.models import DeployedVersion, JobSpec, Offsets
+
+_COLUMNS = (
+    "id, job, version, fingerprint, source, file_path, spec, output_table, dead_letter_table, "
+    "checkpoint_dir, consumer_group, log_start, created_at"
+)
+
+
+def _from_row(row: tuple[Any, ...]) -> DeployedVersion:
+    (vid, _job, _version, fp, source, path, spec, out, dlq, ckpt, group, log_start, created) = row
+    return DeployedVersion(
+        id=vid, spec=spec_from_catalog(spec, source, fp, path), output_table=out,
+        dead_letter_table=dlq, checkpoint_dir=ckpt, consumer_group=group,
+        log_start=log_start, created_at=created,
+    )
+
+
+def find(conn: psycopg.Connection, schema: str, job: str, version: str) -> DeployedVersion | None:
+    row = conn.execute(
+        sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE job = %s AND version = %s")
+        .format(qualified(schema, "job_versions")), (job, version)).fetchone()
+    return _from_row(row) if row else None
+
+
+def get(conn: psycopg.Connection, schema: str, job: str, version: str) -> DeployedVersion:
+    found = find(conn, schema, job, version)
+    if found is not None:
+        return found
+    known = job_exists(conn, schema, job)
+    if not known:
+        raise NotFoundError(f"unknown job {job!r}: `kappa status` lists the deployed jobs")
+    raise NotFoundError(
+        f"job {job!r} has no version {version!r}: `kappa status {job}` lists its versions"
+    )
+
+
+def job_exists(conn: psycopg.Connection, schema: str, job: str) -> bool:
+    return conn.execute(sql.SQL("SELECT 1 FROM {} WHERE name = %s")
+                        .format(qualified(schema, "jobs")), (job,)).fetchone() is not None
+
+
+def list_all(conn: psycopg.Connection, schema: str, job: str | None = None
+             ) -> list[DeployedVersion]:
+    rows = conn.execute(
+        sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE (%(job)s::text IS NULL OR job = %(job)s) "
+                "ORDER BY job, id").format(qualified(schema, "job_versions")), {"job": job},
+    ).fetchall()
+    return [_from_row(r) for r in rows]
+
+
+def check_same_code(existing: DeployedVersion, spec: JobSpec) -> None:
+    if existing.spec.fingerprint != spec.fingerprint:
+        raise ConflictError(
+            f"{spec.name} {spec.version} is already deployed with different code "
+            f"({existing.spec.fingerprint[:19]}…, file {existing.spec.path}): "
+            "give the changed job a new VERSION label"
+        )
+
+
+def insert(conn: psycopg.Connection, schema: str, spec: JobSpec, *, output_table: str,
+           dead_letter_table: str, checkpoint_dir: str, consumer_group: str,
+           log_start: Offsets) -> DeployedVersion:
+    conn.execute(sql.SQL("INSERT INTO {} (name) VALUES (%s) ON CONFLICT DO NOTHING")
+                 .format(qualified(schema, "jobs")), (spec.name,))
+    row = conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (job, version, fingerprint, source, file_path, spec, output_table, "
+            "dead_letter_table, checkpoint_dir, consumer_group, log_start) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING " + _COLUMNS
+        ).format(qualified(schema, "job_versions")),
+        (spec.name, spec.version, spec.fingerprint, spec.source, spec.path,
+         Jsonb(spec_to_json(spec)), output_table, dead_letter_table, checkpoint_dir,
+         consumer_group, Jsonb(log_start)),
+    ).fetchone()
+    assert row is not None
+    return _from_row(row)

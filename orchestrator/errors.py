@@ -1,0 +1,44 @@
+"""One root error for everything the orchestrator refuses or fails to do.
+
+Every message is one line that says what went wrong and what to run next; the CLI prints it as
+``Error: <message>`` and exits 1.
+"""
+
+from __future__ import annotations
+
+
+class KappaError(Exception):
+    """Root of every error the orchestrator raises on purpose."""
+
+
+class ConfigError(KappaError):
+    """Settings are missing or invalid: set the named flag, KAPPA_* variable or kappa.toml key."""
+
+
+class InvalidNameError(KappaError):
+    """A job, version or alias name breaks the naming rule: rename it and deploy again."""
+
+
+class JobFileError(KappaError):
+    """A job file cannot be loaded: fix the file and run `kappa deploy` again."""
+
+
+class NotFoundError(KappaError):
+    """An unknown job or version: `kappa status` lists what is deployed."""
+
+
+class ConflictError(KappaError):
+    """The request contradicts what is recorded, e.g. different code under a deployed label."""
+
+
+class StateError(KappaError):
+    """A state change that the run's state machine does not allow from its current state."""
+
+
+class ServiceUnavailableError(KappaError):
+    """PostgreSQL or the Kafka broker cannot be reached: start them (`kappa dev up`) or fix the
+    settings."""
+
+
+class LogGapError(KappaError):
+    """Retention removed the start of the log: deploy with --allow-gap to replay what is left."""

@@ -1,0 +1,128 @@
+"""Frozen domain objects. No driver library is imported here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from orchestrator.states import RunState
+
+# Offsets as Kafka tools show them: {"<topic>": {"<partition>": next offset to read}}
+Offsets = dict[str, dict[str, int]]
+
+EVENT_TYPES = ("long", "string", "double", "boolean")
+OUTPUT_TYPES = ("text", "bigint", "integer", "double precision", "boolean", "numeric", "timestamptz")
+MERGE_RULES = ("sum", "min", "max", "replace")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job file declares, read without executing it."""
+
+    name: str
+    version: str
+    topics: tuple[str, ...]
+    event_schema: tuple[tuple[str, str], ...]  # (field, type in EVENT_TYPES), in order
+    non_negative: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    output_schema: tuple[tuple[str, str], ...]  # (column, PostgreSQL type in OUTPUT_TYPES)
+    merge: tuple[tuple[str, str], ...]  # (value column, rule in MERGE_RULES)
+    source: str = field(repr=False)
+    fingerprint: str
+    path: str
+
+    @property
+    def output_columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.output_schema)
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    topic: str
+    partition: int
+    log_start: int
+    log_end: int
+    processed: int | None  # next offset to read, None before the first batch
+
+    @property
+    def lag_records(self) -> int:
+        done = self.log_start if self.processed is None else self.processed
+        return max(0, self.log_end - max(done, self.log_start))
+
+
+@dataclass(frozen=True)
+class VersionStatus:
+    job: str
+    version: str
+    state: RunState
+    pid: int | None
+    app_id: str | None
+    output_table: str
+    dead_letter_table: str
+    rows: int | None
+    dead_letters: int | None
+    processed_offsets: Offsets
+    lag_records: int | None
+    heartbeat_age_s: float | None
+    reason: str | None
+    attempt: int
+    log_path: str | None
+    started_at: datetime | None
+    log_tail: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "version": self.version,
+            "state": self.state.value,
+            "pid": self.pid,
+            "app_id": self.app_id,
+            "output_table": self.output_table,
+            "dead_letter_table": self.dead_letter_table,
+            "rows": self.rows,
+            "dead_letters": self.dead_letters,
+            "processed_offsets": self.processed_offsets,
+            "lag_records": self.lag_records,
+            "heartbeat_age_s": self.heartbeat_age_s,
+            "reason": self.reason,
+            "attempt": self.attempt,
+            "log_path": self.log_path,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "log_tail": list(self.log_tail),
+        }
+
+
+@dataclass(frozen=True)
+class DeployedVersion:
+    id: int
+    spec: JobSpec
+    output_table: str
+    dead_letter_table: str
+    checkpoint_dir: str
+    consumer_group: str
+    log_start: Offsets
+    created_at: datetime
+
+    @property
+    def job(self) -> str:
+        return self.spec.name
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    version_id: int
+    state: RunState
+    attempt: int
+    pid: int | None
+    pid_started: float | None  # process create time, to tell a reused PID from our driver
+    host: str | None
+    app_id: str | None
+    log_path: str | None
+    reason: str | None
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    caught_up_at: datetime | None

@@ -1,0 +1,259 @@
+"""The facade that the CLI, the Airflow DAGs and Python callers use."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+from orchestrator.catalog import events, output, runs, versions
+from orchestrator.catalog.db import connect
+from orchestrator.catalog.migrations import migrate
+from orchestrator.errors import KappaError, LogGapError, NotFoundError, StateError
+from orchestrator.jobspec import load_job_file
+from orchestrator.lag import lag_records
+from orchestrator.models import DeployedVersion, Offsets, RunRecord, VersionStatus
+from orchestrator.naming import consumer_group, dead_letter_table, output_table, validate_name
+from orchestrator.settings import Settings, load_settings
+from orchestrator.spark import launcher
+from orchestrator.states import RunState
+
+Progress = Callable[[VersionStatus], None]
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    created: bool  # False: the same code was already deployed under this label (a no-op)
+    status: VersionStatus
+
+
+class Orchestrator:
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or load_settings()
+        self._migrated = False
+
+    @contextmanager
+    def _catalog(self) -> Iterator[psycopg.Connection]:
+        dsn, _ = self.settings.require_services()
+        with connect(dsn) as conn:
+            if not self._migrated:
+                migrate(conn, self.settings.catalog_schema)
+                self._migrated = True
+            yield conn
+
+    # Deploying -----------------------------------------------------------------------------
+    def deploy(self, job_file: str | Path, *, allow_gap: bool = False) -> DeployResult:
+        from orchestrator.kafka.admin import topic_partitions
+        from orchestrator.kafka.offsets import log_bounds
+
+        spec = load_job_file(job_file)
+        s = self.settings
+        _, bootstrap = s.require_services()
+        with self._catalog() as conn:
+            existing = versions.find(conn, s.catalog_schema, spec.name, spec.version)
+            if existing is not None:
+                versions.check_same_code(existing, spec)
+                conn.rollback()
+                return DeployResult(False, self._status_of(conn, existing))
+            for topic in spec.topics:
+                topic_partitions(bootstrap, topic)  # a clear error for a missing topic
+            bounds = log_bounds(bootstrap, list(spec.topics))
+            gone = sum(start for start, _ in bounds.values())
+            if gone and not allow_gap:
+                raise LogGapError(
+                    f"retention removed {gone} offsets from the start of "
+                    f"{', '.join(spec.topics)}: the replay would miss them; deploy with "
+                    "--allow-gap to replay what is left"
+                )
+            log_start: Offsets = {}
+            for (topic, partition), (start, _) in sorted(bounds.items()):
+                log_start.setdefault(topic, {})[str(partition)] = start
+            out, dlq = output_table(spec.name, spec.version), dead_letter_table(spec.name,
+                                                                                spec.version)
+            checkpoint = s.state_dir / "checkpoints" / spec.name / spec.version
+            with conn.transaction():
+                version = versions.insert(
+                    conn, s.catalog_schema, spec, output_table=out, dead_letter_table=dlq,
+                    checkpoint_dir=str(checkpoint.resolve()),
+                    consumer_group=consumer_group(spec.name, spec.version), log_start=log_start)
+                output.create_tables(conn, s.data_schema, spec, out, dlq)
+                runs.create(conn, s.catalog_schema, version.id)
+                events.record(conn, s.catalog_schema, "deploy", job=spec.name,
+                              version=spec.version, fingerprint=spec.fingerprint,
+                              file=str(spec.path), log_start=log_start, allow_gap=allow_gap,
+                              gap_offsets=gone)
+            self._start(conn, version)
+            return DeployResult(True, self._status_of(conn, version))
+
+    def _start(self, conn: psycopg.Connection, version: DeployedVersion) -> RunRecord:
+        s = self.settings
+        with conn.transaction():
+            run = runs.get(conn, s.catalog_schema, version.id, for_update=True)
+            attempt = run.attempt + 1
+            runs.change_state(conn, s.catalog_schema, version, RunState.STARTING,
+                              attempt=attempt, pid=None, pid_started=None, app_id=None,
+                              heartbeat_at=None, started_at=datetime.now(UTC))
+        process = launcher.launch(s, version.job, version.version, attempt)
+        with conn.transaction():
+            conn.execute(
+                psycopg.sql.SQL("UPDATE {}.runs SET pid = %s, pid_started = %s, log_path = %s, "
+                                "host = %s WHERE version_id = %s AND attempt = %s")
+                .format(psycopg.sql.Identifier(s.catalog_schema)),
+                (process.pid, process.started, str(process.log_path), _hostname(), version.id,
+                 attempt))
+            return runs.get(conn, s.catalog_schema, version.id)
+
+    # Controlling ---------------------------------------------------------------------------
+    def stop(self, job: str, version: str) -> VersionStatus:
+        s = self.settings
+        with self._catalog() as conn:
+            deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
+            run = runs.get(conn, s.catalog_schema, deployed.id)
+            if run.state in (RunState.STOPPED, RunState.RETIRED, RunState.REGISTERED):
+                raise StateError(f"{job} {version} is already {run.state.value}: nothing to stop")
+            with conn.transaction():
+                runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
+                                  reason="stopped by `kappa stop`")
+            launcher.terminate(run.pid, run.pid_started)
+            return self._status_of(conn, deployed)
+
+    def restart(self, job: str, version: str) -> VersionStatus:
+        """Resume a version from its checkpoint, replacing its driver if one still runs."""
+        s = self.settings
+        with self._catalog() as conn:
+            deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
+            run = runs.get(conn, s.catalog_schema, deployed.id)
+            if run.state == RunState.RETIRED:
+                raise StateError(f"{job} {version} is retired: deploy a new version instead")
+            launcher.terminate(run.pid, run.pid_started)
+            if run.state.is_active:
+                with conn.transaction():
+                    runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
+                                      reason="replaced by `kappa restart`")
+            self._start(conn, deployed)
+            return self._status_of(conn, deployed)
+
+    # Reporting -----------------------------------------------------------------------------
+    def status(self, job: str | None = None) -> list[VersionStatus]:
+        s = self.settings
+        with self._catalog() as conn:
+            if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
+                raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
+            return [self._status_of(conn, v) for v in
+                    versions.list_all(conn, s.catalog_schema, job)]
+
+    def version_status(self, job: str, version: str) -> VersionStatus:
+        s = self.settings
+        with self._catalog() as conn:
+            deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
+            return self._status_of(conn, deployed)
+
+    def wait(self, job: str, version: str, *, timeout_s: float | None = None,
+             progress: Progress | None = None, poll_s: float = 1.0) -> VersionStatus:
+        """Block until the version has caught up; raise on failure, stop or timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            st = self.version_status(job, version)
+            if progress:
+                progress(st)
+            if st.state in (RunState.CAUGHT_UP, RunState.LIVE):
+                return st
+            if st.state in (RunState.FAILED, RunState.STOPPED, RunState.RETIRED):
+                raise KappaError(f"{job} {version} is {st.state.value}"
+                                 f"{': ' + st.reason if st.reason else ''}; see `kappa status "
+                                 f"{job}` and the log {st.log_path}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise KappaError(f"{job} {version} has not caught up after {timeout_s:.0f}s "
+                                 f"({st.lag_records} records behind); it keeps running: "
+                                 f"`kappa status {job}`")
+            time.sleep(poll_s)
+
+    def _status_of(self, conn: psycopg.Connection, v: DeployedVersion) -> VersionStatus:
+        s = self.settings
+        with conn.transaction():
+            run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
+            processed = runs.processed_offsets(conn, s.catalog_schema, v.id)
+            rows = output.count_rows(conn, s.data_schema, v.output_table)
+            dead = output.count_rows(conn, s.data_schema, v.dead_letter_table)
+        lag = self._lag(v, processed)
+        age = None
+        if run.heartbeat_at is not None and run.state.is_active:
+            age = round((datetime.now(UTC) - run.heartbeat_at).total_seconds(), 1)
+        active = run.state.is_active
+        return VersionStatus(
+            job=v.job, version=v.version, state=run.state, pid=run.pid if active else None,
+            app_id=run.app_id, output_table=f"{s.data_schema}.{v.output_table}",
+            dead_letter_table=f"{s.data_schema}.{v.dead_letter_table}", rows=rows,
+            dead_letters=dead, processed_offsets=processed or _zero(v.log_start),
+            lag_records=lag, heartbeat_age_s=age, reason=run.reason, attempt=run.attempt,
+            log_path=run.log_path, started_at=run.started_at,
+            log_tail=launcher.log_tail(run.log_path) if run.state == RunState.FAILED else (),
+        )
+
+    def _check_liveness(self, conn: psycopg.Connection, v: DeployedVersion, run: RunRecord
+                        ) -> RunRecord:
+        """An active run whose driver is gone (or silent) is recorded as failed."""
+        if not run.state.is_active:
+            return run
+        reason = None
+        if not launcher.is_alive(run.pid, run.pid_started):
+            if run.pid is None:
+                return run  # being launched right now
+            reason = f"driver process {run.pid} is gone; last log lines in {run.log_path}"
+        elif run.heartbeat_at is not None:
+            silent = (datetime.now(UTC) - run.heartbeat_at).total_seconds()
+            if silent > self.settings.heartbeat_timeout_s:
+                reason = f"no heartbeat for {silent:.0f}s from driver {run.pid}"
+        if reason is None:
+            return run
+        updated = runs.change_state(conn, self.settings.catalog_schema, v, RunState.FAILED,
+                                    reason=reason, expect_attempt=run.attempt)
+        return updated or run
+
+    def _lag(self, v: DeployedVersion, processed: Offsets) -> int | None:
+        from orchestrator.kafka.offsets import log_bounds
+
+        _, bootstrap = self.settings.require_services()
+        try:
+            bounds = log_bounds(bootstrap, list(v.spec.topics))
+        except KappaError:
+            return None
+        return lag_records(processed or v.log_start, {k: e for k, (_, e) in bounds.items()})
+
+    def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
+        with self._catalog() as conn:
+            return events.list_events(conn, self.settings.catalog_schema, job, version)
+
+    # Sample data ---------------------------------------------------------------------------
+    def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
+                       partitions: int = 4) -> int:
+        from orchestrator.kafka.admin import ensure_topic
+        from orchestrator.kafka.producer import produce
+        from orchestrator.sample import sample_events
+
+        _, bootstrap = self.settings.require_services()
+        ensure_topic(bootstrap, topic, partitions)
+        return produce(bootstrap, topic, sample_events(count, seed), rate=rate)
+
+
+def _job(name: str) -> str:
+    return validate_name(name, "job name")
+
+
+def _version(name: str) -> str:
+    return validate_name(name, "version")
+
+
+def _zero(log_start: Offsets) -> Offsets:
+    return {t: dict(ps) for t, ps in log_start.items()}
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()

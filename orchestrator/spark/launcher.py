@@ -1,0 +1,108 @@
+"""Starts and stops detached driver processes. No pyspark here: the driver imports it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from orchestrator.settings import Settings
+
+
+@dataclass(frozen=True)
+class DriverProcess:
+    pid: int
+    started: float  # psutil create_time: tells our driver from a later process with its PID
+    log_path: Path
+
+
+def driver_environment(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(settings.driver_environment())
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
+
+
+def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverProcess:
+    logs = settings.state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{job}__{version}.log"
+    with open(log_path, "ab") as log:
+        log.write(f"\n=== attempt {attempt} starting at {time.ctime()} ===\n".encode())
+        log.flush()
+        # A session of its own: the driver outlives this CLI, and a stop signals the whole group
+        # (Python driver and its JVM) at once.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.spark.driver", "--job", job,
+             "--version", version, "--attempt", str(attempt)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=driver_environment(settings), cwd=settings.state_dir, start_new_session=True,
+        )
+    try:
+        started = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:
+        started = 0.0
+    return DriverProcess(proc.pid, started, log_path)
+
+
+def is_alive(pid: int | None, started: float | None) -> bool:
+    if not pid:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if started and abs(process.create_time() - started) > 0.01:
+            return False
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def terminate(pid: int | None, started: float | None, grace_s: float = 10.0) -> None:
+    """Stop a driver's whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
+    if not pid or not is_alive(pid, started):
+        _kill_group(pid, signal.SIGKILL)  # leftovers (the JVM) of a driver that died
+        return
+    _kill_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and is_alive(pid, started):
+        time.sleep(0.1)
+    _kill_group(pid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _kill_group(pid: int | None, sig: signal.Signals) -> None:
+    if not pid:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(pid: int) -> None:
+    # A driver started by this very process (tests, the demo) must not linger as a zombie.
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def log_tail(path: str | Path | None, lines: int = 15) -> tuple[str, ...]:
+    if not path:
+        return ()
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ()
+    return tuple(text.splitlines()[-lines:])
