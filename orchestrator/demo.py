@@ -23,7 +23,7 @@ def topic_size(bootstrap: str, topic: str) -> int:
 def top_urls(settings: Settings, qualified_table: str, limit: int = 10) -> list[list[Any]]:
     schema, table = qualified_table.split(".", 1)
     dsn, _ = settings.require_services()
-    with connect(dsn) as conn:
+    with connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             sql.SQL("SELECT url, views, total_duration_ms FROM {}.{} "
                     "ORDER BY views DESC, url LIMIT %s").format(

@@ -11,7 +11,9 @@ from orchestrator.states import RunState
 Offsets = dict[str, dict[str, int]]
 
 EVENT_TYPES = ("long", "string", "double", "boolean")
-OUTPUT_TYPES = ("text", "bigint", "integer", "double precision", "boolean", "numeric", "timestamptz")
+OUTPUT_TYPES = (
+    "text", "bigint", "integer", "double precision", "boolean", "numeric", "timestamptz",
+)
 MERGE_RULES = ("sum", "min", "max", "replace")
 
 

@@ -40,7 +40,8 @@ class Orchestrator:
     @contextmanager
     def _catalog(self) -> Iterator[psycopg.Connection]:
         dsn, _ = self.settings.require_services()
-        with connect(dsn) as conn:
+        # Autocommit: every change below is an explicit `conn.transaction()`.
+        with connect(dsn, autocommit=True) as conn:
             if not self._migrated:
                 migrate(conn, self.settings.catalog_schema)
                 self._migrated = True
@@ -58,7 +59,6 @@ class Orchestrator:
             existing = versions.find(conn, s.catalog_schema, spec.name, spec.version)
             if existing is not None:
                 versions.check_same_code(existing, spec)
-                conn.rollback()
                 return DeployResult(False, self._status_of(conn, existing))
             for topic in spec.topics:
                 topic_partitions(bootstrap, topic)  # a clear error for a missing topic

@@ -1,4 +1,4 @@
-"""Settings, resolved as: flag > environment (KAPPA_*) > kappa.toml > `kappa dev up` record > default.
+"""Settings, resolved as: flag > environment (KAPPA_*) > kappa.toml > `kappa dev up` > default.
 
 The PostgreSQL DSN may hold a password: it is never printed, logged or put in argv (drivers get it
 through their environment).

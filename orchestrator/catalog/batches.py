@@ -127,7 +127,8 @@ def _upsert_output(conn: psycopg.Connection, data_schema: str, version: Deployed
     action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(updates)) if updates \
         else sql.SQL("DO NOTHING")
     try:
-        conn.execute(sql.SQL("INSERT INTO {} AS cur ({}) SELECT {} FROM {} ON CONFLICT ({}) ").format(
+        insert = sql.SQL("INSERT INTO {} AS cur ({}) SELECT {} FROM {} ON CONFLICT ({}) ")
+        conn.execute(insert.format(
             target, sql.SQL(", ").join(map(sql.Identifier, columns)),
             sql.SQL(", ").join(map(sql.Identifier, columns)), staging,
             sql.SQL(", ").join(map(sql.Identifier, spec.key_columns))) + action)

@@ -130,9 +130,8 @@ class Driver:
         self.settings = settings
         self.dsn, self.bootstrap = settings.require_services()
         self.attempt = attempt
-        self.conn = psycopg.connect(self.dsn)
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
         self.version = versions.get(self.conn, settings.catalog_schema, job, version_label)
-        self.conn.commit()
 
     def set_state(self, target: RunState, reason: str | None = None, **changes: Any) -> None:
         with self.conn.transaction():
@@ -149,7 +148,7 @@ class Driver:
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
-        sink = BatchSink(s, self.version, self.attempt, psycopg.connect(self.dsn),
+        sink = BatchSink(s, self.version, self.attempt, psycopg.connect(self.dsn, autocommit=True),
                          load_transform(self.version))
 
         for round_ in range(_MAX_CATCH_UP_ROUNDS):

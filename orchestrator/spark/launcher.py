@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
 
 
@@ -37,20 +38,15 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
     log_path = logs / f"{job}__{version}.log"
     with open(log_path, "ab") as log:
         log.write(f"\n=== attempt {attempt} starting at {time.ctime()} ===\n".encode())
-        log.flush()
-        # A session of its own: the driver outlives this CLI, and a stop signals the whole group
-        # (Python driver and its JVM) at once.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.spark.driver", "--job", job,
-             "--version", version, "--attempt", str(attempt)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=driver_environment(settings), cwd=settings.state_dir, start_new_session=True,
-        )
+    pid = spawn_detached(
+        [sys.executable, "-m", "orchestrator.spark.driver", "--job", job, "--version", version,
+         "--attempt", str(attempt)],
+        driver_environment(settings), log_path)
     try:
-        started = psutil.Process(proc.pid).create_time()
+        started = psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         started = 0.0
-    return DriverProcess(proc.pid, started, log_path)
+    return DriverProcess(pid, started, log_path)
 
 
 def is_alive(pid: int | None, started: float | None) -> bool:
@@ -81,18 +77,14 @@ def terminate(pid: int | None, started: float | None, grace_s: float = 10.0) -> 
 def _kill_group(pid: int | None, sig: signal.Signals) -> None:
     if not pid:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _reap(pid: int) -> None:
     # A driver started by this very process (tests, the demo) must not linger as a zombie.
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def log_tail(path: str | Path | None, lines: int = 15) -> tuple[str, ...]:

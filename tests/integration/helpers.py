@@ -1,0 +1,53 @@
+"""Reading a version's results straight from PostgreSQL, for comparison with the reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+
+def query(settings: Any, text: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return conn.execute(text, args).fetchall()  # type: ignore[arg-type]
+
+
+def output(settings: Any, table: str) -> dict[str, tuple[int, int]]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}.{}").format(
+            sql.Identifier(settings.data_schema), sql.Identifier(table))).fetchall()
+    return {url: (views, total) for url, views, total in rows}
+
+
+def dead_letters(settings: Any, table: str) -> set[tuple[int, int]]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL("SELECT partition, \"offset\" FROM {}.{}").format(
+            sql.Identifier(settings.data_schema), sql.Identifier(table))).fetchall()
+    return {(p, o) for p, o in rows}
+
+
+def batches(settings: Any, job: str, version: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return conn.execute(sql.SQL(
+            "SELECT b.batch_id, b.attempt, b.start_offsets, b.end_offsets, b.records "
+            "FROM {}.batches b JOIN {}.job_versions v ON v.id = b.version_id "
+            "WHERE v.job = %s AND v.version = %s ORDER BY b.batch_id").format(
+            sql.Identifier(settings.catalog_schema), sql.Identifier(settings.catalog_schema)),
+            (job, version)).fetchall()
+
+
+def assert_batches_tile_the_log(settings: Any, job: str, version: str, topic: str,
+                                log_end: dict[int, int]) -> list[tuple[Any, ...]]:
+    """Each batch applied once, each starting where the previous ended, from 0 to the end."""
+    rows = batches(settings, job, version)
+    assert rows, "no batch was applied"
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids))
+    position = {str(p): 0 for p in log_end}
+    for batch_id, _attempt, start, end, records in rows:
+        assert start[topic] == {p: position[p] for p in start[topic]}, f"batch {batch_id} gap"
+        assert records == sum(end[topic][p] - start[topic][p] for p in end[topic])
+        position.update(end[topic])
+    assert position == {str(p): e for p, e in log_end.items()}
+    return rows

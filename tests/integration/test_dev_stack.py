@@ -1,0 +1,175 @@
+"""`kappa dev up | down | status | env` against real embedded PostgreSQL and Tansu processes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from orchestrator.dev import stack
+from orchestrator.errors import ConfigError
+from orchestrator.settings import STACK_FILE, load_settings, read_stack_record
+
+pytestmark = pytest.mark.integration
+
+# Unix socket paths are limited to ~107 bytes; a data dir this deep cannot hold the socket.
+LONG_NAME = "x" * 60 + "/" + "y" * 60
+
+
+@pytest.fixture
+def make_state_dir() -> Iterator[Callable[[str], Path]]:
+    # Not tmp_path: PostgreSQL runs as user embedded_postgres when we are root, and every pytest
+    # session start resets /tmp/pytest-of-root to 0700, locking a starting server out of its
+    # data dir whenever another session starts in parallel.
+    base = Path(tempfile.mkdtemp(prefix="kappa-dev-stack-"))
+    made: list[Path] = []
+
+    def make(name: str = "state") -> Path:
+        made.append(base / name)
+        return made[-1]
+
+    yield make
+    try:
+        for state_dir in made:
+            _stop_everything(state_dir)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def state_dir(make_state_dir: Callable[[str], Path]) -> Path:
+    return make_state_dir("state")
+
+
+def _stop_everything(state_dir: Path) -> None:
+    """Leave no server behind, even when down() itself is what failed."""
+    try:
+        stack.down(state_dir)
+    finally:
+        record = read_stack_record(state_dir / STACK_FILE) or {}
+        recorded = [record.get("broker_cmdline"), record.get("pg_cmdline")]
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            # PostgreSQL names its data dir on its command line, even if up() failed to record it.
+            if cmdline in recorded or str(state_dir) in " ".join(cmdline):
+                with suppress(psutil.Error):
+                    proc.kill()
+
+
+def _up_in_child_process(state_dir: Path) -> None:
+    code = "import pathlib, sys, orchestrator.dev.stack as s; s.up(pathlib.Path(sys.argv[1]))"
+    # capture_output also proves the services hold no pipe of the caller: run() would hang.
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code, str(state_dir)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _select_one(dsn: str | None) -> object:
+    assert dsn is not None
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select 1").fetchone()
+    return row[0] if row else None
+
+
+def test_up_status_env_down(state_dir: Path) -> None:
+    _up_in_child_process(state_dir)
+
+    first = stack.status(state_dir)
+    assert first.running
+    assert first.postgres.pid is not None and first.broker.pid is not None
+    assert _select_one(first.pg_dsn) == 1
+    assert first.kafka_bootstrap == first.broker.address
+
+    admin = AdminClient({"bootstrap.servers": first.kafka_bootstrap})
+    admin.create_topics([NewTopic("events", num_partitions=4)])["events"].result(timeout=10)
+    assert len(admin.list_topics(timeout=10).topics["events"].partitions) == 4
+
+    again = stack.up(state_dir)
+    assert (again.postgres.pid, again.broker.pid) == (first.postgres.pid, first.broker.pid)
+    assert "events" in admin.list_topics(timeout=10).topics
+
+    script = "\n".join([*stack.env_lines(state_dir),
+                        'printf "%s\\n" "$KAPPA_PG_DSN" "$KAPPA_KAFKA_BOOTSTRAP"'])
+    shell = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    assert shell.stdout.splitlines() == [first.pg_dsn, first.kafka_bootstrap]
+
+    settings = load_settings(flags={"state_dir": state_dir}, env={}, cwd=state_dir)
+    assert (settings.pg_dsn, settings.kafka_bootstrap) == (first.pg_dsn, first.kafka_bootstrap)
+
+    stopped = stack.down(state_dir)
+    assert not stopped.postgres.running and not stopped.broker.running
+    assert stopped.pg_dsn is None and stopped.kafka_bootstrap is None
+    assert not stack.status(state_dir).running
+    with pytest.raises(psycopg.OperationalError):
+        _select_one(first.pg_dsn)
+    settings = load_settings(flags={"state_dir": state_dir}, env={}, cwd=state_dir)
+    assert settings.pg_dsn is None and settings.kafka_bootstrap is None
+    with pytest.raises(ConfigError, match="kappa dev up"):
+        stack.env_lines(state_dir)
+
+    assert stack.down(state_dir) == stopped
+
+
+def test_up_restarts_only_a_dead_broker(state_dir: Path) -> None:
+    first = stack.up(state_dir)
+    assert first.broker.pid is not None
+    broker = psutil.Process(first.broker.pid)
+    broker.kill()
+    broker.wait(timeout=10)
+
+    half = stack.status(state_dir)
+    assert half.postgres.running and not half.broker.running
+    with pytest.raises(ConfigError):
+        stack.env_lines(state_dir)
+
+    second = stack.up(state_dir)
+    assert second.running and second.kafka_bootstrap is not None
+    assert second.postgres.pid == first.postgres.pid
+    assert second.broker.pid != first.broker.pid
+    assert second.kafka_bootstrap == first.kafka_bootstrap
+    assert AdminClient({"bootstrap.servers": second.kafka_bootstrap}).list_topics(timeout=10)
+    assert _select_one(second.pg_dsn) == 1
+
+
+def test_long_state_dir_and_restart_in_one_process(
+    make_state_dir: Callable[[str], Path],
+) -> None:
+    state_dir = make_state_dir(LONG_NAME)
+    assert len(str(state_dir / "dev" / "pgdata" / ".s.PGSQL.5432")) > 107
+
+    first = stack.up(state_dir)
+    assert first.pg_dsn is not None and str(state_dir) not in first.pg_dsn
+    assert _select_one(first.pg_dsn) == 1
+    stack.down(state_dir)
+
+    # The library caches a handle per data dir per process; a second up() must not trust it.
+    second = stack.up(state_dir)
+    assert second.running and second.postgres.pid != first.postgres.pid
+    assert _select_one(second.pg_dsn) == 1
+
+
+def test_nothing_started(tmp_path: Path) -> None:
+    state_dir = tmp_path / "never"
+    assert not stack.status(state_dir).running
+    assert not stack.down(state_dir).running
+    assert not state_dir.exists()
+    with pytest.raises(ConfigError, match="kappa dev up"):
+        stack.env_lines(state_dir)
+
+
+def test_data_dir_the_library_cannot_quote_is_refused(
+    make_state_dir: Callable[[str], Path],
+) -> None:
+    with pytest.raises(ConfigError, match="KAPPA_STATE_DIR"):
+        stack.up(make_state_dir("with space"))
