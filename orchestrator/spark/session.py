@@ -19,6 +19,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         # Tiny aggregations per micro-batch: 200 shuffle partitions cost seconds of task overhead.
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.adaptive.enabled": "false",

@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
@@ -116,7 +115,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit
                      ) -> dict[str, dict[str, int]]:
         ends = self._available_now_end or self._log_ends()
-        max_rows = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "maxRows", None)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return take_records(start, ends, max_rows)
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
