@@ -51,14 +51,16 @@ def parse_job_source(source: str, path: str) -> JobSpec:
         if isinstance(node, ast.FunctionDef) and node.name == TRANSFORM:
             has_transform = len(node.args.args) == 1
         targets: list[ast.expr] = []
+        value: ast.expr | None = None
         if isinstance(node, ast.Assign):
-            targets = node.targets
+            targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets = [node.target]
+            targets, value = [node.target], node.value
         for target in targets:
             if isinstance(target, ast.Name) and target.id in REQUIRED + OPTIONAL:
+                assert value is not None
                 try:
-                    literals[target.id] = ast.literal_eval(node.value)  # type: ignore[arg-type]
+                    literals[target.id] = ast.literal_eval(value)
                 except ValueError as exc:
                     raise JobFileError(
                         f"{path}: {target.id} must be a literal (string, list or dict)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -18,7 +18,7 @@ def _is_double(v: Any) -> bool:
     return type(v) is float or _is_long(v)
 
 
-_CHECKS = {
+_CHECKS: dict[str, Callable[[Any], bool]] = {
     "long": _is_long,
     "string": lambda v: type(v) is str,
     "double": _is_double,

@@ -59,8 +59,9 @@ def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion
     if current.state == target and not changes:
         return current
     transition(current.state, target)
-    assignments = [sql.SQL("state = %(state)s"), sql.SQL("reason = %(reason)s"),
-                   sql.SQL("updated_at = now()")]
+    assignments: list[sql.Composable] = [
+        sql.SQL("state = %(state)s"), sql.SQL("reason = %(reason)s"), sql.SQL("updated_at = now()")
+    ]
     params: dict[str, Any] = {"state": target.value, "reason": reason, "vid": version.id}
     for column, value in changes.items():
         assignments.append(sql.SQL("{} = %({})s").format(sql.Identifier(column),

@@ -24,8 +24,9 @@ def run_demo(settings: Settings, count: int, as_json: bool) -> int:
         from orchestrator.dev import stack
 
         say("1. Starting the embedded PostgreSQL and Kafka-protocol broker (kappa dev up)")
-        st = stack.up(settings.state_dir)
-        settings = replace(settings, pg_dsn=st.pg_dsn, kafka_bootstrap=st.kafka_bootstrap)
+        started = stack.up(settings.state_dir)
+        settings = replace(settings, pg_dsn=started.pg_dsn,
+                           kafka_bootstrap=started.kafka_bootstrap)
     else:
         say("1. Using the configured PostgreSQL and Kafka")
     service = Orchestrator(settings)

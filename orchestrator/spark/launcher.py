@@ -54,9 +54,11 @@ def is_alive(pid: int | None, started: float | None) -> bool:
         return False
     try:
         process = psutil.Process(pid)
-        if started and abs(process.create_time() - started) > 0.01:
+        # Create times are derived from the boot time, which may shift by a fraction of a second
+        # between readings; a reused PID within one second is not a realistic risk.
+        if started and abs(process.create_time() - started) > 1.0:
             return False
-        return process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from conftest import job_file, kappa_cli
-
 from integration.helpers import query
 
 pytestmark = [pytest.mark.integration]

@@ -12,9 +12,8 @@ from pathlib import Path
 import pyspark
 import pytest
 from conftest import job_file, wait_until
-from reference import compute
-
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output
+from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SPARK_HOME = Path(pyspark.__file__).parent
