@@ -122,6 +122,10 @@ class Orchestrator:
             launcher.terminate(run.pid, run.pid_started)
             return self._status_of(conn, deployed)
 
+    def stop_all(self) -> list[VersionStatus]:
+        """Stop every version whose driver should be running (before the services go away)."""
+        return [self.stop(st.job, st.version) for st in self.status() if st.state.is_active]
+
     def restart(self, job: str, version: str) -> VersionStatus:
         """Resume a version from its checkpoint, replacing its driver if one still runs."""
         s = self.settings

@@ -61,5 +61,6 @@ def run_demo(settings: Settings, count: int, as_json: bool) -> int:
         print(table(["url", "views", "total duration ms"], rows))
     print("\nBoth versions, side by side (lag = records behind the log end):")
     print(status_table(statuses))
-    print("\nv1 keeps serving while v2 replays; the cutover comes with `kappa promote` (soon).")
+    print("\nBoth drivers keep running live: `kappa produce-sample --count 1000 --seed 9` and "
+          "`kappa status` show them catch up; `kappa dev down` stops them and the stack.")
     return 0

@@ -13,6 +13,12 @@ def run_dev(settings: Settings, action: str, as_json: bool) -> int:
         for line in stack.env_lines(settings.state_dir):
             print(line)
         return 0
+    if action == "down" and stack.status(settings.state_dir).running:
+        from orchestrator.service import Orchestrator
+
+        # Drivers writing to this PostgreSQL would only fail once it is gone.
+        for st in Orchestrator(settings).stop_all():
+            print(f"stopped {st.job} {st.version}")
     status = {"up": stack.up, "down": stack.down, "status": stack.status}[action](
         settings.state_dir)
     if as_json:

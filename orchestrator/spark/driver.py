@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from orchestrator.catalog import runs, versions
-from orchestrator.catalog.batches import StaleDriverError, apply_batch
+from orchestrator.catalog.batches import StaleDriverError, apply_batch, total_records
 from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
 from orchestrator.errors import KappaError
 from orchestrator.lag import lag_records
@@ -55,6 +55,7 @@ class BatchSink:
         self.stale = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         ckpt = self.version.checkpoint_dir
@@ -68,15 +69,25 @@ class BatchSink:
             return
         began = time.monotonic()
         spec = self.version.spec
-        df.persist()
-        try:
-            valid = df.where(F.col("error").isNull()).select(*[n for n, _ in spec.event_schema])
-            output = self.transform(valid).select(*spec.output_columns)
-            rows = [tuple(r) for r in output.collect()]
-            dead = [tuple(r) for r in df.where(F.col("error").isNotNull())
-                    .select(*DEAD_LETTER_COLUMNS).collect()]
-        finally:
-            df.unpersist()
+        # One pass over the batch: dead letters (rare) ride along as an observed metric of the
+        # output query, instead of caching the batch or reading it twice.
+        observed = Observation(f"kappa_batch_{batch_id}")
+        dead_struct = F.struct(*[F.col(c) for c in DEAD_LETTER_COLUMNS])
+        watched = df.observe(
+            observed,
+            F.count(F.lit(1)).alias("rows"),
+            F.collect_list(F.when(F.col("error").isNotNull(), dead_struct)).alias("dead"),
+        )
+        valid = watched.where(F.col("error").isNull()).select(*[n for n, _ in spec.event_schema])
+        output = self.transform(valid).select(*spec.output_columns)
+        rows = [tuple(r) for r in output.collect()]
+        metrics = observed.get
+        # A re-executed stage can report a row twice: the dead-letter key is the offset.
+        dead = list({(r[0], r[1], r[2]): tuple(r) for r in metrics["dead"]}.values())
+        expected = total_records(start, end)
+        if metrics["rows"] != expected:
+            log.warning("batch %d: read %d records for an offset range of %d", batch_id,
+                        metrics["rows"], expected)
         try:
             result = apply_batch(self.conn, self.settings.catalog_schema,
                                  self.settings.data_schema, self.version, self.attempt,

@@ -1,0 +1,53 @@
+"""The layering rules of the style guide, checked on the source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import orchestrator
+
+PACKAGE = Path(orchestrator.__file__).parent
+DOMAIN = ("errors", "models", "states", "naming", "lag", "jobspec", "parsing", "settings",
+          "sample")
+DRIVERS = ("pyspark", "confluent_kafka", "psycopg", "airflow", "prometheus_client")
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_public_api_is_exactly_all() -> None:
+    public = {name for name in vars(orchestrator) if not name.startswith("_")}
+    modules = {name for name in public if isinstance(getattr(orchestrator, name), type(ast))}
+    assert public - modules == set(orchestrator.__all__)
+
+
+def test_domain_imports_no_driver_library() -> None:
+    for name in DOMAIN:
+        imported = _imports(PACKAGE / f"{name}.py", top_level_only=False)
+        assert not {i for i in imported if i.split(".")[0] in DRIVERS}, name
+
+
+def test_pyspark_only_inside_the_spark_package() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "spark" and path.name in ("source.py", "driver.py", "session.py"):
+            continue
+        imported = _imports(path, top_level_only=False)
+        assert not {i for i in imported if i.startswith("pyspark")}, path
+
+
+def test_layers_import_downwards_only() -> None:
+    upper = {"orchestrator.cli", "orchestrator.service", "orchestrator.demo"}
+    for sub in ("catalog", "kafka", "spark", "dev"):
+        for path in (PACKAGE / sub).rglob("*.py"):
+            imported = _imports(path, top_level_only=False)
+            assert not {i for i in imported if any(i.startswith(u) for u in upper)}, path
