@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.errors import LogGapError
 from orchestrator.models import Offsets
 
 
@@ -51,3 +52,21 @@ def lag_records(processed: Offsets, ends: Mapping[tuple[str, int], int]) -> int:
     return sum(
         max(0, end - processed.get(t, {}).get(str(p), 0)) for (t, p), end in ends.items()
     )
+
+
+def replay_start(bounds: Mapping[tuple[str, int], tuple[int, int]], *, allow_gap: bool
+                 ) -> tuple[Offsets, int]:
+    """Where a new version starts (each partition's first retained offset) and how many offsets
+    retention already removed; refuses a gap unless ``allow_gap``."""
+    start: Offsets = {}
+    for (topic, partition), (first, _) in sorted(bounds.items()):
+        start.setdefault(topic, {})[str(partition)] = first
+    gone = sum(first for first, _ in bounds.values())
+    if gone and not allow_gap:
+        where = ", ".join(f"{t}/{p}: {first}" for (t, p), (first, _) in sorted(bounds.items())
+                          if first)
+        raise LogGapError(
+            f"retention removed {gone} offsets from the start of the log ({where}): the replay "
+            "would miss them; deploy with --allow-gap to replay what is left"
+        )
+    return start, gone

@@ -14,9 +14,9 @@ import psycopg
 from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
-from orchestrator.errors import KappaError, LogGapError, NotFoundError, StateError
+from orchestrator.errors import KappaError, NotFoundError, StateError
 from orchestrator.jobspec import load_job_file
-from orchestrator.lag import lag_records
+from orchestrator.lag import lag_records, replay_start
 from orchestrator.models import DeployedVersion, Offsets, RunRecord, VersionStatus
 from orchestrator.naming import consumer_group, dead_letter_table, output_table, validate_name
 from orchestrator.settings import Settings, load_settings
@@ -63,16 +63,7 @@ class Orchestrator:
             for topic in spec.topics:
                 topic_partitions(bootstrap, topic)  # a clear error for a missing topic
             bounds = log_bounds(bootstrap, list(spec.topics))
-            gone = sum(start for start, _ in bounds.values())
-            if gone and not allow_gap:
-                raise LogGapError(
-                    f"retention removed {gone} offsets from the start of "
-                    f"{', '.join(spec.topics)}: the replay would miss them; deploy with "
-                    "--allow-gap to replay what is left"
-                )
-            log_start: Offsets = {}
-            for (topic, partition), (start, _) in sorted(bounds.items()):
-                log_start.setdefault(topic, {})[str(partition)] = start
+            log_start, gone = replay_start(bounds, allow_gap=allow_gap)
             out, dlq = output_table(spec.name, spec.version), dead_letter_table(spec.name,
                                                                                 spec.version)
             checkpoint = s.state_dir / "checkpoints" / spec.name / spec.version

@@ -7,9 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.errors import InvalidNameError, JobFileError, KappaError, StateError
+from orchestrator.errors import (
+    InvalidNameError,
+    JobFileError,
+    KappaError,
+    LogGapError,
+    StateError,
+)
 from orchestrator.jobspec import load_job_file, parse_job_source
-from orchestrator.lag import lag_records, split_range, take_records
+from orchestrator.lag import lag_records, replay_start, split_range, take_records
 from orchestrator.naming import dead_letter_table, output_table, validate_name
 from orchestrator.parsing import EventParser
 from orchestrator.states import ALLOWED, RunState, transition
@@ -134,3 +140,13 @@ def test_bad_job_files_get_one_line_errors(source: str, message: str) -> None:
 def test_missing_job_file(tmp_path: Path) -> None:
     with pytest.raises(JobFileError, match="does not exist"):
         load_job_file(tmp_path / "nope.py")
+
+
+def test_replay_starts_at_the_first_retained_offset_and_refuses_a_gap() -> None:
+    whole = {("t", 0): (0, 10), ("t", 1): (0, 5)}
+    assert replay_start(whole, allow_gap=False) == ({"t": {"0": 0, "1": 0}}, 0)
+    trimmed = {("t", 0): (7, 10), ("t", 1): (0, 5)}
+    with pytest.raises(LogGapError) as info:
+        replay_start(trimmed, allow_gap=False)
+    assert "removed 7 offsets" in str(info.value) and "--allow-gap" in str(info.value)
+    assert replay_start(trimmed, allow_gap=True) == ({"t": {"0": 7, "1": 0}}, 7)
