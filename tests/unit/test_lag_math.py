@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.lag import LagSample, LagState, Thresholds, evaluate, eta_seconds, rates
+
+LIMITS = Thresholds(window_s=10.0, caught_up_records=0, caught_up_seconds=5.0)
+
+
+def _series(points: list[tuple[int, int]], lag_s: float = 60.0, step: float = 2.0,
+            alive: bool = True) -> list[LagSample]:
+    return [LagSample(at=1000 + i * step, processed=p, log_end=e, lag_seconds=lag_s if e > p
+                      else 0.0, driver_alive=alive) for i, (p, e) in enumerate(points)]
+
+
+@given(st.integers(0, 10**9), st.floats(0, 1e7), st.floats(0, 1e7))
+def test_eta_is_never_negative_and_none_when_not_converging(lag: int, proc: float, prod: float
+                                                           ) -> None:
+    eta = eta_seconds(lag, proc, prod)
+    if lag == 0:
+        assert eta == 0.0
+    elif proc <= prod:
+        assert eta is None
+    else:
+        assert eta is not None and eta >= 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=0, max_size=20))
+def test_rates_are_never_negative(points: list[tuple[int, int]]) -> None:
+    processing, produce = rates(_series(points))
+    assert processing >= 0 and produce >= 0
+
+
+def test_caught_up_catching_up_stalled_falling_behind_stopped() -> None:
+    assert evaluate(_series([(100, 100)] * 8), LIMITS) is LagState.CAUGHT_UP
+    assert evaluate(_series([(i * 10, 100) for i in range(8)]), LIMITS) is LagState.CATCHING_UP
+    assert evaluate(_series([(30, 100)] * 8), LIMITS) is LagState.STALLED
+    growing = [(i * 10, 100 + i * 30) for i in range(8)]
+    assert evaluate(_series(growing), LIMITS) is LagState.FALLING_BEHIND
+    assert evaluate(_series([(100, 100)] * 8, alive=False), LIMITS) is LagState.STOPPED
+
+
+def test_stall_needs_a_whole_window() -> None:
+    # Two seconds without progress is not a stall when the window is ten.
+    assert evaluate(_series([(30, 100), (30, 100)]), LIMITS) is LagState.CATCHING_UP
+
+
+def test_small_time_lag_counts_as_caught_up() -> None:
+    assert evaluate(_series([(95, 100)] * 8, lag_s=1.0), LIMITS) is LagState.CAUGHT_UP
