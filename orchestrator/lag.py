@@ -100,7 +100,7 @@ class LagSample:
 
 @dataclass(frozen=True)
 class Thresholds:
-    window_s: float = 30.0
+    window_s: float = 30.0  # longer than a catch-up batch, or every batch looks like a stall
     caught_up_records: int = 0
     caught_up_seconds: float = 5.0
 

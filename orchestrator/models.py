@@ -128,3 +128,42 @@ class RunRecord:
     started_at: datetime | None
     heartbeat_at: datetime | None
     caught_up_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    log_start: int
+    log_end: int
+    processed: int  # next offset to read
+    lag_records: int
+    lag_seconds: float  # age of the oldest unprocessed record; 0 when caught up
+
+    def to_json(self) -> dict[str, object]:
+        return {"topic": self.topic, "partition": self.partition, "log_start": self.log_start,
+                "log_end": self.log_end, "processed": self.processed,
+                "lag_records": self.lag_records, "lag_seconds": self.lag_seconds}
+
+
+@dataclass(frozen=True)
+class VersionLag:
+    job: str
+    version: str
+    state: str  # a LagState value
+    run_state: RunState
+    lag_records: int
+    lag_seconds: float
+    processing_rate: float  # records/s over the evaluation window
+    produce_rate: float
+    eta_seconds: float | None  # None: not converging
+    partitions: tuple[PartitionLag, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job": self.job, "version": self.version, "state": self.state,
+            "run_state": self.run_state.value, "lag_records": self.lag_records,
+            "lag_seconds": self.lag_seconds, "processing_rate": self.processing_rate,
+            "produce_rate": self.produce_rate, "eta_seconds": self.eta_seconds,
+            "partitions": [p.to_json() for p in self.partitions],
+        }

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import psycopg
 
+from orchestrator import monitor
 from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
 from orchestrator.errors import KappaError, NotFoundError, StateError
 from orchestrator.jobspec import load_job_file
-from orchestrator.lag import lag_records, replay_start
-from orchestrator.models import DeployedVersion, Offsets, RunRecord, VersionStatus
+from orchestrator.lag import LagState, Thresholds, lag_records, replay_start
+from orchestrator.models import DeployedVersion, Offsets, RunRecord, VersionLag, VersionStatus
 from orchestrator.naming import consumer_group, dead_letter_table, output_table, validate_name
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark import launcher
@@ -149,23 +150,33 @@ class Orchestrator:
             return self._status_of(conn, deployed)
 
     def wait(self, job: str, version: str, *, timeout_s: float | None = None,
-             progress: Progress | None = None, poll_s: float = 1.0) -> VersionStatus:
-        """Block until the version has caught up; raise on failure, stop or timeout."""
+             max_lag: int = 0, progress: Progress | None = None, poll_s: float = 1.0,
+             limits: Thresholds | None = None) -> VersionStatus:
+        """Block until the version has caught up (at most ``max_lag`` records behind); raise on
+        failure, stop, stall or timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             st = self.version_status(job, version)
             if progress:
                 progress(st)
-            if st.state in (RunState.CAUGHT_UP, RunState.LIVE):
-                return st
             if st.state in (RunState.FAILED, RunState.STOPPED, RunState.RETIRED):
                 raise KappaError(f"{job} {version} is {st.state.value}"
                                  f"{': ' + st.reason if st.reason else ''}; see `kappa status "
                                  f"{job}` and the log {st.log_path}")
+            if st.state in (RunState.CAUGHT_UP, RunState.LIVE) and \
+                    st.lag_records is not None and st.lag_records <= max_lag:
+                return st
+            if st.state != RunState.STARTING:
+                (measured,) = self.lag(job, version, limits)
+                if measured.state == LagState.STALLED:
+                    raise KappaError(
+                        f"{job} {version} is stalled: {measured.lag_records} records behind and "
+                        f"no progress for {(limits or Thresholds()).window_s:.0f}s; see the log "
+                        f"{st.log_path}")
             if deadline is not None and time.monotonic() > deadline:
                 raise KappaError(f"{job} {version} has not caught up after {timeout_s:.0f}s "
                                  f"({st.lag_records} records behind); it keeps running: "
-                                 f"`kappa status {job}`")
+                                 f"`kappa lag {job}`")
             time.sleep(poll_s)
 
     def _status_of(self, conn: psycopg.Connection, v: DeployedVersion) -> VersionStatus:
@@ -195,15 +206,13 @@ class Orchestrator:
         """An active run whose driver is gone (or silent) is recorded as failed."""
         if not run.state.is_active:
             return run
+        # A silent driver whose process exists (paused, in a long GC) is not failed: the lag
+        # state shows it as stalled. Only a gone process is a failure.
         reason = None
         if not launcher.is_alive(run.pid, run.pid_started):
             if run.pid is None:
                 return run  # being launched right now
             reason = f"driver process {run.pid} is gone; last log lines in {run.log_path}"
-        elif run.heartbeat_at is not None:
-            silent = (datetime.now(UTC) - run.heartbeat_at).total_seconds()
-            if silent > self.settings.heartbeat_timeout_s:
-                reason = f"no heartbeat for {silent:.0f}s from driver {run.pid}"
         if reason is None:
             return run
         updated = runs.change_state(conn, self.settings.catalog_schema, v, RunState.FAILED,
@@ -219,6 +228,26 @@ class Orchestrator:
         except KappaError:
             return None
         return lag_records(processed or v.log_start, {k: e for k, (_, e) in bounds.items()})
+
+    def lag(self, job: str | None = None, version: str | None = None,
+            limits: Thresholds | None = None) -> list[VersionLag]:
+        """Measure every (or one) version's lag now, and judge its state from the history."""
+        s = self.settings
+        limits = limits or Thresholds()
+        with self._catalog() as conn:
+            if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
+                raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
+            chosen = [v for v in versions.list_all(conn, s.catalog_schema, job)
+                      if version is None or v.version == _version(version)]
+            if version is not None and not chosen:
+                versions.get(conn, s.catalog_schema, _job(job or ""), version)
+            result = []
+            for v in chosen:
+                with conn.transaction():
+                    run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
+                if run.state != RunState.RETIRED:
+                    result.append(monitor.measure(conn, s, v, run, limits))
+            return result
 
     def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
         with self._catalog() as conn:

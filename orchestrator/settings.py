@@ -32,11 +32,10 @@ class Settings:
     spark_executor_cores: int = 2
     # Catch-up profile: cap records per micro-batch and split each partition's range into chunks
     # of at most this many records, so parallelism is not capped by the partition count.
-    max_batch_records: int = 1_000_000
+    max_batch_records: int = 500_000
     chunk_records: int = 125_000
     live_trigger_seconds: float = 1.0
     heartbeat_interval_s: float = 2.0
-    heartbeat_timeout_s: float = 30.0
 
     @property
     def dev_stack_file(self) -> Path:

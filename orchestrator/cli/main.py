@@ -42,8 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("wait", help="wait until a version has caught up")
     w.add_argument("job")
     w.add_argument("version")
+    w.add_argument("--max-lag", type=int, default=0, help="records behind that count as caught up")
     w.add_argument("--timeout", type=float)
     w.add_argument("--json", action="store_true")
+
+    lg = sub.add_parser("lag", help="records and time behind the log end, rates, ETA, state")
+    lg.add_argument("job", nargs="?")
+    lg.add_argument("--version")
+    lg.add_argument("--partitions", action="store_true", help="one row per partition")
+    lg.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
+    lg.add_argument("--interval", type=float, default=2.0)
+    lg.add_argument("--window", type=float, default=30.0,
+                    help="evaluation window in seconds for rates and states")
+    lg.add_argument("--json", action="store_true")
 
     e = sub.add_parser("events", help="the orchestrator's event log")
     e.add_argument("job", nargs="?")
@@ -113,10 +124,15 @@ def run(args: argparse.Namespace) -> int:
         print_json(st.to_json()) if args.json else print(status_table([st]))
         return 0
     if cmd == "wait":
-        st = _wait(service, args.job, args.version, args.timeout, quiet=args.json)
+        st = _wait(service, args.job, args.version, args.timeout, quiet=args.json,
+                   max_lag=args.max_lag)
         if args.json:
             print_json(st.to_json())
         return 0
+    if cmd == "lag":
+        from orchestrator.cli.lag import run_lag
+
+        return run_lag(service, args)
     if cmd == "events":
         rows = service.events(args.job, args.version)
         if args.json:
@@ -136,10 +152,11 @@ def run(args: argparse.Namespace) -> int:
     raise KappaError(f"unknown command {cmd}")
 
 
-def _wait(service: Any, job: str, version: str, timeout: float | None, *, quiet: bool) -> Any:
+def _wait(service: Any, job: str, version: str, timeout: float | None, *, quiet: bool,
+          max_lag: int = 0) -> Any:
     bar = None if quiet else ProgressBar(f"{job} {version}")
     try:
-        return service.wait(job, version, timeout_s=timeout,
+        return service.wait(job, version, timeout_s=timeout, max_lag=max_lag,
                             progress=bar.update if bar else None)
     finally:
         if bar:

@@ -23,8 +23,9 @@ from orchestrator.catalog import runs, versions
 from orchestrator.catalog.batches import StaleDriverError, apply_batch, total_records
 from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
 from orchestrator.errors import KappaError
+from orchestrator.kafka.groups import GroupMirror
 from orchestrator.lag import lag_records
-from orchestrator.models import DeployedVersion
+from orchestrator.models import DeployedVersion, Offsets
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.checkpoint import batch_end_offsets
 from orchestrator.spark.session import build_session
@@ -49,9 +50,10 @@ class BatchSink:
     """The foreachBatch function: transform, then commit rows, dead letters and offsets at once."""
 
     def __init__(self, settings: Settings, version: DeployedVersion, attempt: int,
-                 conn: psycopg.Connection, transform: Any):
+                 conn: psycopg.Connection, transform: Any, bootstrap: str):
         self.settings, self.version, self.attempt = settings, version, attempt
         self.conn, self.transform = conn, transform
+        self.mirror = GroupMirror(bootstrap, version.consumer_group)
         self.stale = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -66,6 +68,7 @@ class BatchSink:
         start = previous if previous is not None else self.version.log_start
         if self._already_applied(batch_id):
             log.info("batch %d already applied; skipping its replay", batch_id)
+            self._mirror(end)
             return
         began = time.monotonic()
         spec = self.version.spec
@@ -95,11 +98,19 @@ class BatchSink:
         except StaleDriverError:
             self.stale = True
             raise
+        self._mirror(end)
         seconds = time.monotonic() - began
         log.info("batch %d: %d records, %d output rows, %d dead letters, applied=%s, "
                  "%.2fs (%.0f records/s)", batch_id, result.records, result.output_rows,
                  result.dead_letters, result.applied, seconds,
                  result.records / seconds if seconds else 0.0)
+
+    def _mirror(self, end: Offsets) -> None:
+        # Best effort: the catalog is the truth, and the next batch commits newer offsets anyway.
+        try:
+            self.mirror.commit(end)
+        except KappaError as exc:
+            log.warning("consumer-group mirror %s not updated: %s", self.mirror.group, exc)
 
     def _already_applied(self, batch_id: int) -> bool:
         with self.conn.transaction():
@@ -160,7 +171,7 @@ class Driver:
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
         sink = BatchSink(s, self.version, self.attempt, psycopg.connect(self.dsn, autocommit=True),
-                         load_transform(self.version))
+                         load_transform(self.version), self.bootstrap)
 
         for round_ in range(_MAX_CATCH_UP_ROUNDS):
             self._run_query(spark, sink, live=False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.lag import LagSample, LagState, Thresholds, evaluate, eta_seconds, rates
+from orchestrator.lag import LagSample, LagState, Thresholds, eta_seconds, evaluate, rates
 
 LIMITS = Thresholds(window_s=10.0, caught_up_records=0, caught_up_seconds=5.0)
 

@@ -1,0 +1,57 @@
+"""`kappa lag`: a table (or JSON) of every version's lag, once or redrawn with --watch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from orchestrator.cli.output import print_json, table
+from orchestrator.lag import Thresholds
+from orchestrator.models import VersionLag
+
+
+def _eta(value: float | None, lag: int) -> str:
+    if value is None:
+        return "not converging"
+    return "-" if lag == 0 else f"{value:.0f}s"
+
+
+def render(lags: list[VersionLag], partitions: bool) -> str:
+    text = table(
+        ["job", "version", "state", "lag records", "lag seconds", "processing/s", "produce/s",
+         "eta", "progress"],
+        [[lg.job, lg.version, lg.state, f"{lg.lag_records:,}", f"{lg.lag_seconds:.1f}",
+          f"{lg.processing_rate:,.0f}", f"{lg.produce_rate:,.0f}",
+          _eta(lg.eta_seconds, lg.lag_records), _bar(lg)] for lg in lags])
+    if partitions:
+        rows = [[lg.job, lg.version, p.topic, p.partition, p.log_start, p.log_end, p.processed,
+                 p.lag_records, f"{p.lag_seconds:.1f}"] for lg in lags for p in lg.partitions]
+        text += "\n\n" + table(["job", "version", "topic", "partition", "log start", "log end",
+                                "processed", "lag records", "lag seconds"], rows)
+    return text
+
+
+def _bar(lg: VersionLag, width: int = 20) -> str:
+    total = sum(p.log_end - p.log_start for p in lg.partitions)
+    done = sum(p.processed - p.log_start for p in lg.partitions)
+    fraction = done / total if total else 1.0
+    filled = int(fraction * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {fraction:5.1%}"
+
+
+def run_lag(service: Any, args: argparse.Namespace) -> int:
+    limits = Thresholds(window_s=args.window)
+    while True:
+        lags = service.lag(args.job, args.version, limits)
+        if args.json:
+            print_json([lg.to_json() for lg in lags])
+        else:
+            if args.watch and sys.stdout.isatty():
+                sys.stdout.write("\033[H\033[2J")
+            print(render(lags, args.partitions) if lags else "no job versions deployed yet")
+        if not args.watch:
+            return 0
+        sys.stdout.flush()
+        time.sleep(args.interval)

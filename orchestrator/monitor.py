@@ -1,0 +1,72 @@
+"""Measures a version's lag against the log and judges its lag state from the history."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from orchestrator.catalog import lag_history, runs
+from orchestrator.lag import LagSample, LagState, Thresholds, eta_seconds, evaluate, rates, window
+from orchestrator.models import DeployedVersion, PartitionLag, RunRecord, VersionLag
+from orchestrator.settings import Settings
+from orchestrator.spark import launcher
+from orchestrator.states import RunState
+
+
+def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
+            run: RunRecord, limits: Thresholds) -> VersionLag:
+    from orchestrator.kafka.offsets import log_bounds
+    from orchestrator.kafka.timestamps import record_timestamps
+
+    schema = settings.catalog_schema
+    _, bootstrap = settings.require_services()
+    with conn.transaction():
+        processed = runs.processed_offsets(conn, schema, version.id)
+    bounds = log_bounds(bootstrap, list(version.spec.topics))
+    now = time.time()
+    position = {
+        key: max(start, processed.get(key[0], {}).get(str(key[1]),
+                                                       version.log_start.get(key[0], {})
+                                                       .get(str(key[1]), start)))
+        for key, (start, _) in bounds.items()
+    }
+    behind = {key: position[key] for key, (_, end) in bounds.items() if position[key] < end}
+    stamps = record_timestamps(bootstrap, behind)
+    partitions = tuple(
+        PartitionLag(topic=t, partition=p, log_start=start, log_end=end,
+                     processed=position[(t, p)], lag_records=max(0, end - position[(t, p)]),
+                     lag_seconds=round(max(0.0, now - stamps[(t, p)] / 1000), 3)
+                     if (t, p) in stamps else 0.0)
+        for (t, p), (start, end) in sorted(bounds.items())
+    )
+    alive = run.state.is_active and launcher.is_alive(run.pid, run.pid_started)
+    sample = LagSample(at=now, processed=sum(p.processed for p in partitions),
+                       log_end=sum(p.log_end for p in partitions),
+                       lag_seconds=max((p.lag_seconds for p in partitions), default=0.0),
+                       driver_alive=alive)
+    with conn.transaction():
+        lag_history.add_sample(conn, schema, version.id, sample)
+        history = lag_history.recent_samples(conn, schema, version.id, limits.window_s)
+        if run.started_at is not None and run.state.is_active:
+            # Judge the current attempt only: a restart after a stop is not a stall.
+            history = [h for h in history if h.at >= run.started_at.timestamp()]
+        # A driver still starting Spark has nothing to show yet: that is not a stall.
+        state = LagState.CATCHING_UP if run.state == RunState.STARTING \
+            else evaluate(history, limits)
+        processing, produce = rates(window(history, limits.window_s))
+        if state == LagState.STOPPED:
+            processing = 0.0  # no driver, no progress: the ETA says not converging
+        lag_history.record_state(conn, schema, version, state, lag_records=sample.lag_records,
+                                 lag_seconds=sample.lag_seconds)
+    return VersionLag(
+        job=version.job, version=version.version, state=state.value, run_state=run.state,
+        lag_records=sample.lag_records, lag_seconds=sample.lag_seconds,
+        processing_rate=round(processing, 1), produce_rate=round(produce, 1),
+        eta_seconds=_rounded(eta_seconds(sample.lag_records, processing, produce)),
+        partitions=partitions,
+    )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -1,0 +1,97 @@
+"""Lag against the log end: `kappa lag`, the consumer-group mirror and the lag states."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import job_file, kappa_cli, wait_until
+from reference import compute
+
+from orchestrator.lag import Thresholds
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+def test_lag_equals_log_end_minus_processed_everywhere_at_rest(service, settings, topic,
+                                                                tmp_path: Path) -> None:
+    from orchestrator.catalog import runs, versions
+    from orchestrator.catalog.db import connect
+    from orchestrator.kafka.groups import committed_offsets
+
+    service.produce_sample(topic, 20_000, seed=51)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    service.wait(JOB, "v1", timeout_s=300)
+    service.stop(JOB, "v1")
+    service.produce_sample(topic, 3_000, seed=52)  # arrives while v1 is stopped: lag at rest
+
+    ref = compute(settings.kafka_bootstrap, topic)
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        version = versions.get(conn, settings.catalog_schema, JOB, "v1")
+        processed = runs.processed_offsets(conn, settings.catalog_schema, version.id)[topic]
+    group = committed_offsets(settings.kafka_bootstrap, f"kappa.{JOB}.v1",
+                              [(topic, p) for p in ref.log_end])[topic]
+    assert group == processed  # the mirror shows what the catalog committed
+    expected = {p: ref.log_end[p] - processed[str(p)] for p in ref.log_end}
+    assert sum(expected.values()) == 3_000
+
+    result = kappa_cli(settings, "lag", JOB, "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert {p["partition"]: p["lag_records"] for p in row["partitions"]} == expected
+    assert {p["partition"]: p["log_end"] for p in row["partitions"]} == ref.log_end
+    assert row["lag_records"] == 3_000 and row["state"] == "stopped"
+    assert row["lag_seconds"] > 0 and row["eta_seconds"] is None  # stopped: not converging
+    for key in ("job", "version", "state", "lag_records", "lag_seconds", "processing_rate",
+                "produce_rate", "eta_seconds", "partitions"):
+        assert key in row
+    statuses = service.status(JOB)
+    assert statuses[0].lag_records == 3_000
+
+    service.restart(JOB, "v1")
+    service.wait(JOB, "v1", timeout_s=300)
+    (after,) = service.lag(JOB, "v1")
+    assert after.lag_records == 0 and after.lag_seconds == 0.0 and after.eta_seconds == 0.0
+    assert after.state == "caught_up"
+
+
+def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path) -> None:
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark import launcher
+
+    settings = replace(settings, max_batch_records=10_000, chunk_records=5_000)
+    service = Orchestrator(settings)
+    limits = Thresholds(window_s=3.0)
+    service.produce_sample(topic, 300_000, seed=61)
+    service.deploy(job_file(tmp_path, "v2", topic))
+    try:
+        def progressed() -> object:
+            st = service.version_status(JOB, "v2")
+            done = sum(o for ps in st.processed_offsets.values() for o in ps.values())
+            return st if done >= 30_000 else None
+
+        st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.1)
+        os.kill(st.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stalled", 3 * 3.0 + 5,
+                       "the paused driver to be reported stalled", poll_s=0.5)
+        finally:
+            os.kill(st.pid, signal.SIGCONT)
+        wait_until(lambda: service.lag(JOB, "v2", limits)[0].state in ("catching_up",
+                                                                          "caught_up"),
+                   60, "the driver to recover", poll_s=0.5)
+        os.killpg(st.pid, signal.SIGKILL)
+        wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stopped", 30,
+                   "the killed driver to be reported stopped", poll_s=0.5)
+        kinds = [e["detail"].get("to") for e in service.events(JOB, "v2")
+                 if e["kind"] == "lag_state"]
+        assert "stalled" in kinds and "stopped" in kinds  # transitions are in the event log
+    finally:
+        for status in service.status():
+            if status.pid:
+                launcher.terminate(status.pid, None, grace_s=2)
