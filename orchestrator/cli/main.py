@@ -56,6 +56,16 @@ def _parser() -> argparse.ArgumentParser:
                     help="evaluation window in seconds for rates and states")
     lg.add_argument("--json", action="store_true")
 
+    for name, text in (("agent", "long-running agent: serves the Prometheus exporter"),
+                       ("metrics", "Prometheus exporter (`kappa metrics serve`)")):
+        m = sub.add_parser(name, help=text)
+        if name == "metrics":
+            m.add_argument("action", choices=["serve"])
+        m.add_argument("--host", default="127.0.0.1")
+        m.add_argument("--port", type=int, default=9464)
+        m.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
+        m.add_argument("--window", type=float, default=30.0, help="evaluation window, seconds")
+
     e = sub.add_parser("events", help="the orchestrator's event log")
     e.add_argument("job", nargs="?")
     e.add_argument("--version")
@@ -133,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.cli.lag import run_lag
 
         return run_lag(service, args)
+    if cmd in ("agent", "metrics"):
+        from orchestrator.cli.agent import run_agent
+
+        return run_agent(service, args)
     if cmd == "events":
         rows = service.events(args.job, args.version)
         if args.json:

@@ -1,0 +1,155 @@
+"""Prometheus exporter: every version's lag, state and output, sampled in the background.
+
+Scrapes never touch PostgreSQL or Kafka: a sampler thread refreshes a snapshot every interval and
+the collector serves the last one. When a refresh fails (a service is away) the last values stay
+up, ``kappa_exporter_stale`` turns 1, and the sampler keeps retrying by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from orchestrator.lag import LagState
+from orchestrator.models import VersionLag, VersionStatus
+
+log = logging.getLogger("kappa.exporter")
+PREFIX = "kappa"
+VERSION_LABELS = ("job", "version")
+PARTITION_LABELS = ("job", "version", "topic", "partition")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    lags: tuple[VersionLag, ...] = ()
+    statuses: tuple[VersionStatus, ...] = ()
+    taken_at: float = 0.0  # seconds since the epoch; 0 before the first success
+
+
+@dataclass
+class Sampler:
+    """Refreshes the snapshot; a failed refresh keeps the last one and marks it stale."""
+
+    take: Callable[[], Snapshot]
+    interval_s: float = 5.0
+    snapshot: Snapshot = field(default_factory=Snapshot)
+    stale: bool = True
+    failures: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def refresh(self) -> None:
+        try:
+            self.snapshot = self.take()
+            self.stale = False
+        except Exception as exc:  # any outage: keep serving the last values
+            self.failures += 1
+            self.stale = True
+            log.warning("sampling failed (%s); serving the last values as stale",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.refresh()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run_forever, name="kappa-sampler", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class KappaCollector(Collector):
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        snap = self.sampler.snapshot
+        yield from lag_metrics(snap.lags)
+        yield from status_metrics(snap.statuses)
+        stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
+                                  "1 when the last refresh failed and the values are old")
+        stale.add_metric([], 1.0 if self.sampler.stale else 0.0)
+        yield stale
+        last = GaugeMetricFamily(f"{PREFIX}_exporter_last_success_timestamp_seconds",
+                                 "When the served values were taken")
+        last.add_metric([], snap.taken_at)
+        yield last
+        failures = CounterMetricFamily(f"{PREFIX}_exporter_refresh_failures",
+                                       "Refreshes that failed since the exporter started")
+        failures.add_metric([], float(self.sampler.failures))
+        yield failures
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+
+def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
+    per_partition = {
+        "log_start_offset": ("First retained offset of the partition", "log_start"),
+        "log_end_offset": ("Offset the next record will get (true log end)", "log_end"),
+        "processed_offset": ("Next offset the version will read", "processed"),
+        "partition_lag_records": ("Records behind the log end", "lag_records"),
+        "partition_lag_seconds": ("Age of the oldest unprocessed record", "lag_seconds"),
+    }
+    for name, (doc, attr) in per_partition.items():
+        family = _gauge(name, doc, PARTITION_LABELS)
+        for lag in lags:
+            for p in lag.partitions:
+                family.add_metric([lag.job, lag.version, p.topic, str(p.partition)],
+                                  float(getattr(p, attr)))
+        yield family
+    per_version: dict[str, tuple[str, Callable[[VersionLag], float]]] = {
+        "lag_records": ("Records behind the log end, all partitions", lambda v: v.lag_records),
+        "lag_seconds": ("Age of the oldest unprocessed record, 0 when caught up",
+                        lambda v: v.lag_seconds),
+        "processing_rate_records_per_second": ("Records processed per second over the window",
+                                               lambda v: v.processing_rate),
+        "produce_rate_records_per_second": ("Records produced per second over the window",
+                                            lambda v: v.produce_rate),
+        "eta_seconds": ("Seconds until caught up; +Inf when not converging",
+                        lambda v: math.inf if v.eta_seconds is None else v.eta_seconds),
+    }
+    for name, (doc, value) in per_version.items():
+        family = _gauge(name, doc, VERSION_LABELS)
+        for lag in lags:
+            family.add_metric([lag.job, lag.version], float(value(lag)))
+        yield family
+    state = _gauge("state", "1 for the version's current lag state, 0 for the others",
+                   (*VERSION_LABELS, "state"))
+    for lag in lags:
+        for candidate in LagState:
+            state.add_metric([lag.job, lag.version, candidate.value],
+                             1.0 if candidate.value == lag.state else 0.0)
+    yield state
+
+
+def status_metrics(statuses: Sequence[VersionStatus]
+                   ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    rows = _gauge("output_rows", "Rows in the version's output table", VERSION_LABELS)
+    dead = CounterMetricFamily(f"{PREFIX}_dead_letters", "Invalid events routed to the "
+                               "version's dead-letter table", labels=list(VERSION_LABELS))
+    heartbeat = _gauge("driver_heartbeat_age_seconds", "Seconds since the driver's last "
+                       "heartbeat", VERSION_LABELS)
+    for st in statuses:
+        labels = [st.job, st.version]
+        if st.rows is not None:
+            rows.add_metric(labels, float(st.rows))
+        if st.dead_letters is not None:
+            dead.add_metric(labels, float(st.dead_letters))
+        if st.heartbeat_age_s is not None:
+            heartbeat.add_metric(labels, float(st.heartbeat_age_s))
+    yield rows
+    yield dead
+    yield heartbeat

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import math
+
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from orchestrator.metrics.exporter import KappaCollector, Sampler, Snapshot
+from orchestrator.models import PartitionLag, VersionLag
+from orchestrator.states import RunState
+
+
+def _lag(eta: float | None) -> VersionLag:
+    part = PartitionLag("pageviews", 0, 0, 100, 40, 60, 2.5)
+    return VersionLag("pageview_counts", "v2", "catching_up", RunState.REPLAYING, 60, 2.5,
+                      10.0, 12.0 if eta is None else 1.0, eta, (part,))
+
+
+def _scrape(sampler: Sampler) -> dict[str, float]:
+    registry = CollectorRegistry()
+    registry.register(KappaCollector(sampler))
+    samples = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_follow_prometheus_naming_and_bounded_labels() -> None:
+    sampler = Sampler(take=lambda: Snapshot((_lag(6.7),), (), 1000.0))
+    sampler.refresh()
+    got = _scrape(sampler)
+    (partition_lag,) = [v for k, v in got.items() if k.startswith("kappa_partition_lag_records")
+                        and 'partition="0"' in k and 'topic="pageviews"' in k]
+    assert partition_lag == 60
+    names = {key.split("{")[0] for key in got}
+    for name in ("kappa_log_start_offset", "kappa_log_end_offset", "kappa_processed_offset",
+                 "kappa_partition_lag_records", "kappa_partition_lag_seconds",
+                 "kappa_lag_records", "kappa_lag_seconds", "kappa_eta_seconds", "kappa_state",
+                 "kappa_processing_rate_records_per_second", "kappa_exporter_stale",
+                 "kappa_exporter_refresh_failures_total"):
+        assert name in names, name
+    assert all("offset=" not in key and "run" not in key for key in got)
+    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
+    assert got['kappa_eta_seconds{job="pageview_counts",version="v2"}'] == 6.7
+    assert got['kappa_state{job="pageview_counts",state="catching_up",version="v2"}'] == 1
+    assert got['kappa_state{job="pageview_counts",state="stalled",version="v2"}'] == 0
+    assert got["kappa_exporter_stale"] == 0
+
+
+def test_not_converging_is_infinite_eta() -> None:
+    sampler = Sampler(take=lambda: Snapshot((_lag(None),), (), 1.0))
+    sampler.refresh()
+    assert math.isinf(_scrape(sampler)['kappa_eta_seconds{job="pageview_counts",version="v2"}'])
+
+
+def test_an_outage_keeps_the_last_values_and_marks_them_stale() -> None:
+    answers: list[object] = [Snapshot((_lag(6.7),), (), 5.0), ConnectionError("db away")]
+
+    def take() -> Snapshot:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        assert isinstance(answer, Snapshot)
+        return answer
+
+    sampler = Sampler(take=take)
+    sampler.refresh()
+    sampler.refresh()
+    got = _scrape(sampler)
+    assert got["kappa_exporter_stale"] == 1
+    assert got["kappa_exporter_refresh_failures_total"] == 1
+    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
+    assert got["kappa_exporter_last_success_timestamp_seconds"] == 5.0
