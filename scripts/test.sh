@@ -3,6 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+# A real Prometheus server for the metrics tests, from Debian's packages.
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "prometheus is not installed: run 'sudo apt-get install prometheus' (its tests will say so)" >&2
+  fi
+fi
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 mypy

@@ -54,6 +54,14 @@ class Sampler:
             log.warning("sampling failed (%s); serving the last values as stale",
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
+    def is_stale(self, now: float | None = None) -> bool:
+        """Stale when the last refresh failed, or when one has been hanging for a while (a
+        service that stopped answering makes client calls wait for their timeouts)."""
+        now = time.time() if now is None else now
+        too_old = self.snapshot.taken_at and now - self.snapshot.taken_at > max(
+            3 * self.interval_s, 15.0)
+        return self.stale or bool(too_old)
+
     def run_forever(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
@@ -79,7 +87,7 @@ class KappaCollector(Collector):
         yield from status_metrics(snap.statuses)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
-        stale.add_metric([], 1.0 if self.sampler.stale else 0.0)
+        stale.add_metric([], 1.0 if self.sampler.is_stale() else 0.0)
         yield stale
         last = GaugeMetricFamily(f"{PREFIX}_exporter_last_success_timestamp_seconds",
                                  "When the served values were taken")

@@ -35,6 +35,13 @@ from orchestrator.states import RunState
 log = logging.getLogger("kappa.driver")
 _MAX_CATCH_UP_ROUNDS = 5
 _LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
+_BACKOFF_S = (2, 4, 8, 16, 30)
+_MAX_QUERY_FAILURES = 10
+_FAILURE_WINDOW_S = 600
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
 
 
 def load_transform(version: DeployedVersion) -> Any:
@@ -53,6 +60,7 @@ class BatchSink:
                  conn: psycopg.Connection, transform: Any, bootstrap: str):
         self.settings, self.version, self.attempt = settings, version, attempt
         self.conn, self.transform = conn, transform
+        self.conn_dsn = settings.require_services()[0]
         self.mirror = GroupMirror(bootstrap, version.consumer_group)
         self.stale = False
 
@@ -105,6 +113,10 @@ class BatchSink:
                  result.dead_letters, result.applied, seconds,
                  result.records / seconds if seconds else 0.0)
 
+    def reconnect(self) -> None:
+        if self.conn.closed or self.conn.broken:
+            self.conn = _connect(self.conn_dsn)
+
     def _mirror(self, end: Offsets) -> None:
         # Best effort: the catalog is the truth, and the next batch commits newer offsets anyway.
         try:
@@ -135,7 +147,7 @@ class Heartbeat(threading.Thread):
         while not self.stopping.wait(self.settings.heartbeat_interval_s):
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self.dsn, autocommit=True)
+                    conn = _connect(self.dsn)
                 alive = runs.heartbeat(conn, self.settings.catalog_schema, self.version_id,
                                        self.attempt)
             except psycopg.Error as exc:
@@ -152,7 +164,7 @@ class Driver:
         self.settings = settings
         self.dsn, self.bootstrap = settings.require_services()
         self.attempt = attempt
-        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.conn = _connect(self.dsn)
         self.version = versions.get(self.conn, settings.catalog_schema, job, version_label)
 
     def set_state(self, target: RunState, reason: str | None = None, **changes: Any) -> None:
@@ -170,18 +182,50 @@ class Driver:
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
-        sink = BatchSink(s, self.version, self.attempt, psycopg.connect(self.dsn, autocommit=True),
+        sink = BatchSink(s, self.version, self.attempt, _connect(self.dsn),
                          load_transform(self.version), self.bootstrap)
 
         for round_ in range(_MAX_CATCH_UP_ROUNDS):
-            self._run_query(spark, sink, live=False)
-            behind = self._lag()
+            self._run_resilient(spark, sink, live=False)
+            try:
+                behind = self._lag()
+            except KappaError as exc:
+                log.warning("cannot measure the lag (%s); going live", exc)
+                break
             log.info("catch-up round %d finished; %d records behind the log end", round_, behind)
             if behind <= s.chunk_records:
                 break
         self.set_state(RunState.CAUGHT_UP)
         self.set_state(RunState.LIVE)
-        self._run_query(spark, sink, live=True)
+        self._run_resilient(spark, sink, live=True)
+
+    def _run_resilient(self, spark: Any, sink: BatchSink, *, live: bool) -> None:
+        """Run a query; when it fails (e.g. the broker or PostgreSQL went away for a while),
+        restart it from the checkpoint with a growing pause. Exactly-once makes that safe; too
+        many failures in ten minutes fail the driver."""
+        failures: list[float] = []
+        while True:
+            try:
+                self._run_query(spark, sink, live=live)
+                return
+            except Exception as exc:
+                if sink.stale or "StaleDriverError" in str(exc):
+                    raise
+                now = time.monotonic()
+                failures = [t for t in failures if now - t < _FAILURE_WINDOW_S] + [now]
+                if len(failures) > _MAX_QUERY_FAILURES:
+                    raise
+                delay = _BACKOFF_S[min(len(failures), len(_BACKOFF_S)) - 1]
+                log.warning("query failed (%s); restarting it from the checkpoint in %ds "
+                            "(%d/%d in %ds)", _first_line(exc), delay, len(failures),
+                            _MAX_QUERY_FAILURES, _FAILURE_WINDOW_S)
+                time.sleep(delay)
+                sink.reconnect()
+                self.reconnect()
+
+    def reconnect(self) -> None:
+        if self.conn.closed or self.conn.broken:
+            self.conn = _connect(self.dsn)
 
     def _run_query(self, spark: Any, sink: BatchSink, *, live: bool) -> None:
         s, v = self.settings, self.version

@@ -95,3 +95,50 @@ def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path)
         for status in service.status():
             if status.pid:
                 launcher.terminate(status.pid, None, grace_s=2)
+
+
+def test_producer_faster_than_the_job_is_falling_behind(settings, topic, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark import launcher
+
+    # A deliberately slow job: at most 300 records a micro-batch, one micro-batch a second.
+    settings = replace(settings, max_batch_records=300, live_trigger_seconds=1.0)
+    service = Orchestrator(settings)
+    limits = Thresholds(window_s=5.0)
+    service.produce_sample(topic, 100, seed=91)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    env = dict(os.environ, **settings.driver_environment())
+    producer = None
+    try:
+        service.wait("pageview_counts", "v1", timeout_s=300)
+        producer = subprocess.Popen(
+            [str(Path(sys.executable).with_name("kappa")), "produce-sample", "--topic", topic,
+             "--count", "60000", "--seed", "92", "--rate", "2000"], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seen = []
+
+        def falling_behind() -> bool:
+            (lag,) = service.lag(JOB, "v1", limits)
+            seen.append(lag)
+            return lag.state == "falling_behind"
+
+        wait_until(falling_behind, 40, "the falling_behind state", poll_s=0.5)
+        assert seen[-1].eta_seconds is None  # not converging
+        started = time.time()
+        for lag in seen:
+            assert lag.eta_seconds is None or lag.eta_seconds >= 0
+            assert 0 <= lag.lag_seconds < time.time() - started + 120
+            assert all(p.lag_seconds >= 0 and p.lag_records >= 0 for p in lag.partitions)
+        shown = kappa_cli(settings, "lag", JOB, "--window", "5")
+        assert shown.returncode == 0 and "not converging" in shown.stdout, shown.stdout
+    finally:
+        if producer is not None:
+            producer.kill()
+            producer.wait()
+        for status in service.status():
+            if status.pid:
+                launcher.terminate(status.pid, None, grace_s=2)

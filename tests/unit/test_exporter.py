@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
@@ -28,7 +29,7 @@ def _scrape(sampler: Sampler) -> dict[str, float]:
 
 
 def test_metrics_follow_prometheus_naming_and_bounded_labels() -> None:
-    sampler = Sampler(take=lambda: Snapshot((_lag(6.7),), (), 1000.0))
+    sampler = Sampler(take=lambda: Snapshot((_lag(6.7),), (), time.time()))
     sampler.refresh()
     got = _scrape(sampler)
     (partition_lag,) = [v for k, v in got.items() if k.startswith("kappa_partition_lag_records")
@@ -50,13 +51,14 @@ def test_metrics_follow_prometheus_naming_and_bounded_labels() -> None:
 
 
 def test_not_converging_is_infinite_eta() -> None:
-    sampler = Sampler(take=lambda: Snapshot((_lag(None),), (), 1.0))
+    sampler = Sampler(take=lambda: Snapshot((_lag(None),), (), time.time()))
     sampler.refresh()
     assert math.isinf(_scrape(sampler)['kappa_eta_seconds{job="pageview_counts",version="v2"}'])
 
 
 def test_an_outage_keeps_the_last_values_and_marks_them_stale() -> None:
-    answers: list[object] = [Snapshot((_lag(6.7),), (), 5.0), ConnectionError("db away")]
+    taken = time.time()
+    answers: list[object] = [Snapshot((_lag(6.7),), (), taken), ConnectionError("db away")]
 
     def take() -> Snapshot:
         answer = answers.pop(0)
@@ -72,4 +74,12 @@ def test_an_outage_keeps_the_last_values_and_marks_them_stale() -> None:
     assert got["kappa_exporter_stale"] == 1
     assert got["kappa_exporter_refresh_failures_total"] == 1
     assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
-    assert got["kappa_exporter_last_success_timestamp_seconds"] == 5.0
+    assert got["kappa_exporter_last_success_timestamp_seconds"] == taken
+
+
+def test_a_hanging_refresh_turns_stale_after_three_intervals() -> None:
+    sampler = Sampler(take=lambda: Snapshot((), (), time.time()), interval_s=10.0)
+    sampler.refresh()
+    now = sampler.snapshot.taken_at
+    assert not sampler.is_stale(now + 29)
+    assert sampler.is_stale(now + 31)

@@ -1,0 +1,45 @@
+"""A real Prometheus scrapes the agent during a replay; every dashboard query returns series."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import job_file, wait_until
+from integration.observability import agent, prometheus, query
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
+                                                               tmp_path: Path) -> None:
+    from orchestrator.metrics.dashboard import panel_queries
+
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark import launcher
+
+    # Small batches so that the replay is still running while Prometheus scrapes it.
+    settings = replace(settings, max_batch_records=20_000, chunk_records=10_000)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 300_000, seed=71)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    try:
+        with agent(settings, tmp_path, "--interval", "1", "--window", "5") as target, \
+                prometheus(tmp_path, target) as url:
+            selector = f'job="{JOB}",version="v1"'
+            wait_until(lambda: query(url, f"kappa_lag_records{{{selector}}} > 0"), 120,
+                       "Prometheus to see the version catching up")
+            for title, expr in panel_queries(JOB, "v1"):
+                wait_until(lambda expr=expr: query(url, expr), 60,
+                           f"series for panel {title!r}: {expr}")
+            wait_until(lambda: query(url, f"kappa_lag_records{{{selector}}} == 0"), 300,
+                       "the lag to fall to 0")
+            wait_until(lambda: query(url, f'kappa_state{{{selector},state="caught_up"}} == 1'),
+                       60, "the caught_up state to become 1")
+            assert query(url, "kappa_exporter_stale == 0")
+    finally:
+        for st in service.status():
+            if st.pid:
+                launcher.terminate(st.pid, None, grace_s=2)
