@@ -61,6 +61,10 @@ def run_demo(settings: Settings, count: int, as_json: bool) -> int:
         print(table(["url", "views", "total duration ms"], rows))
     print("\nBoth versions, side by side (lag = records behind the log end):")
     print(status_table(statuses))
+    from orchestrator.cli.lag import render
+
+    print("\nTheir lag has gone to zero (`kappa lag --watch` follows it live):")
+    print(render(service.lag("pageview_counts"), partitions=False))
     print("\nBoth drivers keep running live: `kappa produce-sample --count 1000 --seed 9` and "
           "`kappa status` show them catch up; `kappa dev down` stops them and the stack.")
     return 0

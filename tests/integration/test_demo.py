@@ -31,7 +31,8 @@ def test_demo_tells_the_story_on_the_embedded_default() -> None:
         assert demo.returncode == 0, demo.stdout + demo.stderr
         out = demo.stdout
         for needle in ("Producing 20,000 sample page views", "pageview_counts v1",
-                       "pageview_counts v2", "Top URLs in v1:", "Top URLs in v2:", "live"):
+                       "pageview_counts v2", "Top URLs in v1:", "Top URLs in v2:", "live",
+                       "Their lag has gone to zero", "caught_up"):
             assert needle in out, out
         env_lines = _kappa(cwd, "dev", "env").stdout.splitlines()
         assert [line.split("=")[0] for line in env_lines] == [

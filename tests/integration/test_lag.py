@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import job_file, kappa_cli, wait_until
+from integration.observability import agent, scrape
 from reference import compute
 
 from orchestrator.lag import Thresholds
@@ -52,6 +54,23 @@ def test_lag_equals_log_end_minus_processed_everywhere_at_rest(service, settings
         assert key in row
     statuses = service.status(JOB)
     assert statuses[0].lag_records == 3_000
+
+    # The exporter serves the same numbers.
+    with agent(settings, tmp_path, "--interval", "0.5") as target:
+        def exported() -> dict[int, int] | None:
+            found = {}
+            for line in scrape(target).splitlines():
+                match = re.match(r'kappa_partition_lag_records\{(.*)\} (\S+)$', line)
+                if match and f'topic="{topic}"' in match.group(1):
+                    part = int(re.search(r'partition="(\d+)"', match.group(1)).group(1))
+                    found[part] = int(float(match.group(2)))
+            return found if len(found) == len(expected) else None
+
+        assert wait_until(exported, 30, "the exporter's partition lag") == expected
+
+    # Waiting on a stopped version fails at once, with the reason.
+    waited = kappa_cli(settings, "wait", JOB, "v1", "--timeout", "30")
+    assert waited.returncode == 1 and "is stopped" in waited.stderr, waited.stderr
 
     service.restart(JOB, "v1")
     service.wait(JOB, "v1", timeout_s=300)
