@@ -6,8 +6,10 @@ bash scripts/setup.sh dev
 # A real Prometheus server for the metrics tests, from Debian's packages.
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    # Not fatal: without it the Prometheus test says why it did not run.
+    apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+      >/dev/null || echo "could not install prometheus from Debian" >&2
   else
     echo "prometheus is not installed: run 'sudo apt-get install prometheus' (its tests will say so)" >&2
   fi

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from conftest import wait_until
 
 pytestmark = [pytest.mark.integration]

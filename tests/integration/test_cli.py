@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import job_file, kappa_cli
 from integration.helpers import query
 

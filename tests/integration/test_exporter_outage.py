@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from conftest import job_file, wait_until
 from integration.observability import agent, scrape
 

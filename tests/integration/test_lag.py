@@ -10,11 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from orchestrator.lag import Thresholds
+
 from conftest import job_file, kappa_cli, wait_until
 from integration.observability import agent, scrape
 from reference import compute
-
-from orchestrator.lag import Thresholds
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"

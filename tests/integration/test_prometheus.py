@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from conftest import job_file, wait_until
 from integration.observability import agent, prometheus, query
 
@@ -16,7 +17,6 @@ JOB = "pageview_counts"
 def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
                                                                tmp_path: Path) -> None:
     from orchestrator.metrics.dashboard import panel_queries
-
     from orchestrator.service import Orchestrator
     from orchestrator.spark import launcher
 

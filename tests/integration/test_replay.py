@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from conftest import job_file, kappa_cli, wait_until
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output, query
 from reference import compute

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
+
 from conftest import job_file, wait_until
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output
 from reference import compute
