@@ -17,7 +17,7 @@ from orchestrator.models import EVENT_TYPES, MERGE_RULES, OUTPUT_TYPES, JobSpec
 from orchestrator.naming import NAME_PATTERN, validate_name
 
 REQUIRED = ("NAME", "VERSION", "TOPICS", "EVENT_SCHEMA", "KEY_COLUMNS", "OUTPUT_SCHEMA")
-OPTIONAL = ("NON_NEGATIVE", "MERGE")
+OPTIONAL = ("NON_NEGATIVE", "MERGE", "GUARDRAILS")
 TRANSFORM = "transform"
 
 
@@ -107,10 +107,24 @@ def _build_spec(lit: dict[str, Any], source: str, path: str) -> JobSpec:
         raise JobFileError(f"{path}: MERGE names column(s) {unknown} that are not value columns")
     # A value column without a rule is replaced by the latest batch's value.
     merge = tuple((c, str(merge_raw.get(c, "replace"))) for c in values)
+    guardrails_raw = lit.get("GUARDRAILS", {})
+    if not isinstance(guardrails_raw, dict) or any(
+        not isinstance(k, str) or not isinstance(v, str) or not v.strip()
+        for k, v in guardrails_raw.items()
+    ):
+        raise JobFileError(f"{path}: GUARDRAILS maps a check's name to SQL returning one boolean")
+    for check, query in guardrails_raw.items():
+        try:
+            query.format(this="t", other="o")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise JobFileError(
+                f"{path}: guardrail {check!r} may use only {{this}} and {{other}} ({exc})"
+            ) from exc
     return JobSpec(
         name=name, version=version, topics=topics, event_schema=event_schema,
         non_negative=non_negative, key_columns=keys, output_schema=output_schema, merge=merge,
         source=source, fingerprint=fingerprint(source), path=path,
+        guardrails=tuple((str(k), str(v)) for k, v in guardrails_raw.items()),
     )
 
 
@@ -149,6 +163,7 @@ def spec_to_json(spec: JobSpec) -> dict[str, Any]:
         "non_negative": list(spec.non_negative), "key_columns": list(spec.key_columns),
         "output_schema": [list(p) for p in spec.output_schema],
         "merge": [list(p) for p in spec.merge],
+        "guardrails": [list(p) for p in spec.guardrails],
     }
 
 
@@ -159,4 +174,5 @@ def spec_from_catalog(doc: dict[str, Any], source: str, fp: str, path: str) -> J
         non_negative=tuple(doc["non_negative"]), key_columns=tuple(doc["key_columns"]),
         output_schema=tuple((a, b) for a, b in doc["output_schema"]),
         merge=tuple((a, b) for a, b in doc["merge"]), source=source, fingerprint=fp, path=path,
+        guardrails=tuple((a, b) for a, b in doc.get("guardrails", [])),
     )

@@ -32,6 +32,8 @@ class JobSpec:
     source: str = field(repr=False)
     fingerprint: str
     path: str
+    # (name, SQL returning one boolean); {this} and {other} name the two versions' tables
+    guardrails: tuple[tuple[str, str], ...] = ()
 
     @property
     def output_columns(self) -> tuple[str, ...]:

@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from orchestrator import monitor
+from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
@@ -23,6 +25,7 @@ from orchestrator.naming import consumer_group, dead_letter_table, output_table,
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark import launcher
 from orchestrator.states import RunState
+from orchestrator.switching import Switchboard
 
 Progress = Callable[[VersionStatus], None]
 
@@ -80,6 +83,8 @@ class Orchestrator:
                               file=str(spec.path), log_start=log_start, allow_gap=allow_gap,
                               gap_offsets=gone)
             self._start(conn, version)
+            # So that a later switch to this version needs no DDL.
+            self._switchboard(conn).refresh_views(spec.name)
             return DeployResult(True, self._status_of(conn, version))
 
     def _start(self, conn: psycopg.Connection, version: DeployedVersion) -> RunRecord:
@@ -248,6 +253,45 @@ class Orchestrator:
                 if run.state != RunState.RETIRED:
                     result.append(monitor.measure(conn, s, v, run, limits))
             return result
+
+    # Aliases -------------------------------------------------------------------------------
+    def _switchboard(self, conn: psycopg.Connection) -> Switchboard:
+        s = self.settings
+
+        def lag_of(job: str, version: str) -> int | None:
+            deployed = versions.get(conn, s.catalog_schema, job, version)
+            processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
+            return self._lag(deployed, processed)
+
+        return Switchboard(s, conn, lag_of)
+
+    def promote(self, job: str, version: str, alias: str | None = None, *, force: bool = False,
+                reason: str | None = None) -> dict[str, Any]:
+        with self._catalog() as conn:
+            return self._switchboard(conn).promote(job, version, alias, force=force,
+                                                   reason=reason)
+
+    def ab(self, job: str, version: str, percent: int, alias: str | None = None, *,
+           reason: str | None = None) -> dict[str, Any]:
+        with self._catalog() as conn:
+            return self._switchboard(conn).ab(job, version, percent, alias, reason=reason)
+
+    def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None
+                 ) -> dict[str, Any]:
+        with self._catalog() as conn:
+            return self._switchboard(conn).rollback(job, alias, reason=reason)
+
+    def history(self, job: str, alias: str | None = None) -> list[dict[str, Any]]:
+        with self._catalog() as conn:
+            return self._switchboard(conn).history(job, alias)
+
+    def diff(self, job: str, version_a: str, version_b: str) -> DiffReport:
+        with self._catalog() as conn:
+            return self._switchboard(conn).diff(job, version_a, version_b)
+
+    def retire(self, job: str, version: str, *, drop: bool = False) -> dict[str, Any]:
+        with self._catalog() as conn:
+            return self._switchboard(conn).retire(job, version, drop=drop)
 
     def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
         with self._catalog() as conn:

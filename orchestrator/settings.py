@@ -27,6 +27,8 @@ class Settings:
     spark_master: str = "local[*]"
     catalog_schema: str = "kappa"
     data_schema: str = "kappa_data"
+    serving_schema: str = "serving"  # where aliases live: the only schema readers may read
+    reader_role: str = "kappa_reader"  # granted SELECT on the serving schema, nothing else
     spark_driver_memory: str = "1g"
     spark_executor_memory: str = "1g"
     spark_executor_cores: int = 2

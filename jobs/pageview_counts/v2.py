@@ -12,6 +12,16 @@ NON_NEGATIVE = ["duration_ms"]
 KEY_COLUMNS = ["url"]
 OUTPUT_SCHEMA = {"url": "text", "views": "bigint", "total_duration_ms": "bigint"}
 MERGE = {"views": "sum", "total_duration_ms": "sum"}
+# Checked by `kappa diff`: SQL returning one boolean; {this} is this version's table and {other}
+# the table of the version it is compared with.
+GUARDRAILS = {
+    "no negative counts":
+        "SELECT count(*) = 0 FROM {this} WHERE views < 0 OR total_duration_ms < 0",
+    "total views within 1 % of the other version":
+        "SELECT abs(t.v - o.v) <= 0.01 * greatest(o.v, 1) FROM "
+        "(SELECT coalesce(sum(views), 0) AS v FROM {this}) t, "
+        "(SELECT coalesce(sum(views), 0) AS v FROM {other}) o",
+}
 
 
 def transform(events):
@@ -25,3 +35,4 @@ def transform(events):
         F.count(F.lit(1)).alias("views"),
         F.sum("duration_ms").alias("total_duration_ms"),
     )
+

@@ -66,6 +66,46 @@ def _parser() -> argparse.ArgumentParser:
         m.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
         m.add_argument("--window", type=float, default=30.0, help="evaluation window, seconds")
 
+    pr = sub.add_parser("promote", help="switch an alias to a version")
+    pr.add_argument("job")
+    pr.add_argument("version")
+    pr.add_argument("--alias")
+    pr.add_argument("--force", action="store_true",
+                    help="promote even if not caught up or not validated (needs --reason)")
+    pr.add_argument("--reason")
+    pr.add_argument("--json", action="store_true")
+
+    ab = sub.add_parser("ab", help="serve PERCENT %% of the keys from a version")
+    ab.add_argument("job")
+    ab.add_argument("version")
+    ab.add_argument("--percent", type=int, required=True)
+    ab.add_argument("--alias")
+    ab.add_argument("--reason")
+    ab.add_argument("--json", action="store_true")
+
+    rb = sub.add_parser("rollback", help="back to what the alias served before this cutover")
+    rb.add_argument("job")
+    rb.add_argument("--alias")
+    rb.add_argument("--reason")
+    rb.add_argument("--json", action="store_true")
+
+    hi = sub.add_parser("history", help="every switch of the job's aliases")
+    hi.add_argument("job")
+    hi.add_argument("--alias")
+    hi.add_argument("--json", action="store_true")
+
+    df = sub.add_parser("diff", help="compare two versions' tables by key; run guardrails")
+    df.add_argument("job")
+    df.add_argument("version_a")
+    df.add_argument("version_b")
+    df.add_argument("--json", action="store_true")
+
+    rt = sub.add_parser("retire", help="stop a version for good; --drop its table too")
+    rt.add_argument("job")
+    rt.add_argument("version")
+    rt.add_argument("--drop", action="store_true")
+    rt.add_argument("--json", action="store_true")
+
     e = sub.add_parser("events", help="the orchestrator's event log")
     e.add_argument("job", nargs="?")
     e.add_argument("--version")
@@ -143,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.cli.lag import run_lag
 
         return run_lag(service, args)
+    if cmd in ("promote", "ab", "rollback", "history", "diff", "retire"):
+        from orchestrator.cli.aliases import run_alias_command
+
+        return run_alias_command(service, args)
     if cmd in ("agent", "metrics"):
         from orchestrator.cli.agent import run_agent
 

@@ -1,0 +1,101 @@
+"""The alias view: one UNION ALL branch per version, each filtered by the routing row.
+
+The view is (re)defined only when the set of versions changes (a deploy, a retire, or a promote to
+a version whose columns differ). That DDL takes an ACCESS EXCLUSIVE lock, which waits for open
+reader transactions and queues new readers behind it; so every attempt is bounded by
+``lock_timeout`` and retried, and a switch between versions already in the view needs no DDL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+
+from orchestrator.catalog.db import qualified
+from orchestrator.errors import KappaError
+from orchestrator.models import DeployedVersion
+
+LOCK_TIMEOUT_MS = 500
+ATTEMPTS = 40
+
+
+def same_columns(a: DeployedVersion, b: DeployedVersion) -> bool:
+    return a.spec.output_schema == b.spec.output_schema and \
+        a.spec.key_columns == b.spec.key_columns
+
+
+def _key_text(keys: Sequence[str]) -> sql.Composable:
+    parts = [sql.SQL("t.{}::text").format(sql.Identifier(k)) for k in keys]
+    if len(parts) == 1:
+        return parts[0]
+    return sql.SQL("concat_ws(E'\\x1f', {})").format(sql.SQL(", ").join(parts))
+
+
+def view_query(catalog_schema: str, data_schema: str, alias: str,
+               versions: Sequence[DeployedVersion]) -> sql.Composed:
+    spec = versions[0].spec
+    columns = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
+                                 for c in spec.output_columns)
+    bucket = sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
+                                                 _key_text(spec.key_columns))
+    branches = [
+        sql.SQL(
+            "SELECT {columns} FROM {table} AS t CROSS JOIN {aliases} AS a "
+            "WHERE a.name = {alias} AND ((a.primary_version = {version} AND {bucket} >= a.percent)"
+            " OR (a.candidate_version = {version} AND {bucket} < a.percent))"
+        ).format(columns=columns, table=qualified(data_schema, v.output_table),
+                 aliases=qualified(catalog_schema, "aliases"), alias=sql.Literal(alias),
+                 version=sql.Literal(v.version), bucket=bucket)
+        for v in versions
+    ]
+    return sql.SQL(" UNION ALL ").join(branches)
+
+
+def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: str,
+                serving_schema: str, reader_role: str, alias: str,
+                versions: Sequence[DeployedVersion], replace_columns: bool) -> None:
+    """(Re)define the view inside the caller's transaction, with bounded lock waits.
+
+    ``replace_columns``: the columns change, so the view is dropped and created (grants are given
+    again in the same transaction); otherwise CREATE OR REPLACE keeps them.
+    """
+    view = qualified(serving_schema, alias)
+    body = view_query(catalog_schema, data_schema, alias, versions)
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            with conn.transaction():  # a savepoint: a lock timeout undoes only this attempt
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(serving_schema)))
+                if replace_columns:
+                    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
+                conn.execute(sql.SQL("CREATE OR REPLACE VIEW {} AS ").format(view) + body)
+                grant_readers(conn, serving_schema, reader_role, alias)
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = 0"))
+            return
+        except psycopg.errors.LockNotAvailable:
+            time.sleep(min(0.05 * attempt, 0.5))
+    raise KappaError(
+        f"could not redefine {serving_schema}.{alias}: readers kept it locked through "
+        f"{ATTEMPTS} attempts of {LOCK_TIMEOUT_MS} ms; retry when long reader transactions end"
+    )
+
+
+def grant_readers(conn: psycopg.Connection, serving_schema: str, reader_role: str,
+                  alias: str) -> None:
+    role = sql.Identifier(reader_role)
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (reader_role,)).fetchone()
+    if not exists:
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(role))
+        except psycopg.errors.DuplicateObject:
+            pass  # created meanwhile by another kappa
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+        sql.Identifier(serving_schema), role))
+    conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+        qualified(serving_schema, alias), role))

@@ -1,0 +1,243 @@
+"""Alias switches (promote, A/B, rollback), diffs and retirement: part of the service facade.
+
+Every switch is one transaction: the alias's routing row is locked (so two switches of one alias
+run one after the other), changed, and the change recorded in its history. A switch between
+versions the alias view already has a branch for needs no DDL, so readers are never blocked.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from orchestrator.aliases import views
+from orchestrator.aliases.diff import DiffReport, compare
+from orchestrator.catalog import aliases, events, runs, versions
+from orchestrator.catalog.db import qualified
+from orchestrator.errors import ConflictError, KappaError, StateError
+from orchestrator.models import DeployedVersion
+from orchestrator.naming import validate_name
+from orchestrator.routing import Routing
+from orchestrator.settings import Settings
+from orchestrator.spark import launcher
+from orchestrator.states import RunState
+
+_SERVABLE = (RunState.CAUGHT_UP, RunState.LIVE)
+
+
+class Switchboard:
+    def __init__(self, settings: Settings, conn: psycopg.Connection, lag_of: Any):
+        self.s, self.conn, self.lag_of = settings, conn, lag_of
+
+    # Switching -----------------------------------------------------------------------------
+    def promote(self, job: str, version: str, alias: str | None, *, force: bool,
+                reason: str | None) -> dict[str, Any]:
+        target = self._version(job, version)
+        problems = self._not_ready(target)
+        if problems and not force:
+            raise StateError(f"refusing to promote {job} {version}: {'; '.join(problems)}; "
+                             "or override with --force --reason TEXT")
+        return self._switch(job, alias, "promote", target, lambda r: r.promote(version),
+                            reason=reason, forced=bool(problems and force))
+
+    def ab(self, job: str, version: str, percent: int, alias: str | None, *,
+           reason: str | None) -> dict[str, Any]:
+        target = self._version(job, version)
+        state = self._run_state(target)
+        if state not in _SERVABLE:
+            raise StateError(f"{job} {version} is {state.value}, not caught up: "
+                             f"`kappa wait {job} {version}` first")
+        return self._switch(job, alias, "ab", target, lambda r: r.ab(version, percent),
+                            reason=reason, forced=False)
+
+    def rollback(self, job: str, alias: str | None, *, reason: str | None) -> dict[str, Any]:
+        return self._switch(job, alias, "rollback", None, lambda r: r.rollback(), reason=reason,
+                            forced=False)
+
+    def _switch(self, job: str, alias: str | None, action: str,
+                target: DeployedVersion | None, change: Any, *, reason: str | None,
+                forced: bool) -> dict[str, Any]:
+        from orchestrator.catalog.events import actor
+
+        name = validate_name(alias or job, "alias")
+        if forced and not reason:
+            raise StateError("--force needs --reason TEXT, which is recorded in the history")
+        schema = self.s.catalog_schema
+        with self.conn.transaction():
+            locked = aliases.lock(self.conn, schema, name)
+            if locked is None:
+                if action != "promote":
+                    raise StateError(f"alias {name} does not exist yet: `kappa promote {job} "
+                                     "VERSION` creates it")
+                aliases.create(self.conn, schema, name, job, self.s.serving_schema)
+                locked = aliases.lock(self.conn, schema, name)
+            assert locked is not None
+            before, view_versions = locked
+            after: Routing = change(before)
+            new_view = self._prepare_view(job, name, after, view_versions, action)
+            aliases.save(self.conn, schema, after, new_view)
+            involved = sorted(before.serves() | after.serves())
+            lag = {v: self.lag_of(job, v) for v in involved}
+            aliases.record_switch(self.conn, schema, alias=name, job=job, actor=actor(),
+                                  action=action, before=before, after=after, reason=reason,
+                                  forced=forced, lag=lag)
+            events.record(self.conn, schema, f"alias_{action}", job=job,
+                          version=target.version if target else after.primary, alias=name,
+                          primary=after.primary, candidate=after.candidate,
+                          percent=after.percent, reason=reason, forced=forced)
+        return {"alias": f"{self.s.serving_schema}.{name}", "primary": after.primary,
+                "candidate": after.candidate, "percent": after.percent,
+                "rollback_to": after.rollback_to, "view_redefined": new_view is not None}
+
+    def _prepare_view(self, job: str, alias: str, after: Routing, view_versions: list[str],
+                      action: str) -> list[str] | None:
+        """Make sure the view has a branch for every version the routing serves; return the
+        view's new version list when it had to be (re)defined, else None (no DDL)."""
+        if after.serves() <= set(view_versions):
+            return None
+        deployed = {v.version: v for v in self._live_versions(job)}
+        primary = deployed.get(after.primary) if after.primary else None
+        candidate = deployed.get(after.candidate) if after.candidate else None
+        if primary is None or (after.candidate and candidate is None):
+            raise StateError(f"{job} {after.primary if primary is None else after.candidate} is "
+                             "retired: it cannot be served")
+        if candidate is not None and not views.same_columns(primary, candidate):
+            raise ConflictError(
+                f"{job} {after.candidate} has other output columns than {after.primary}: an A/B "
+                "split would give readers rows of two shapes; `kappa promote` it instead")
+        branch = [v for v in deployed.values() if views.same_columns(v, primary)]
+        current = [deployed[v] for v in view_versions if v in deployed]
+        reshaped = bool(current) and not views.same_columns(current[0], primary)
+        views.define_view(self.conn, catalog_schema=self.s.catalog_schema,
+                          data_schema=self.s.data_schema, serving_schema=self.s.serving_schema,
+                          reader_role=self.s.reader_role, alias=alias, versions=branch,
+                          replace_columns=reshaped or not current)
+        return [v.version for v in branch]
+
+    def refresh_views(self, job: str) -> None:
+        """After a deploy: give every alias of the job a branch for a new compatible version,
+        so that switching to it later needs no DDL."""
+        schema = self.s.catalog_schema
+        for name in aliases.for_job(self.conn, schema, job):
+            with self.conn.transaction():
+                locked = aliases.lock(self.conn, schema, name)
+                if locked is None or locked[0].primary is None:
+                    continue
+                routing, view_versions = locked
+                deployed = {v.version: v for v in self._live_versions(job)}
+                primary = deployed.get(routing.primary) if routing.primary else None
+                if primary is None:
+                    continue
+                branch = [v for v in deployed.values() if views.same_columns(v, primary)]
+                if {v.version for v in branch} <= set(view_versions):
+                    continue
+                views.define_view(self.conn, catalog_schema=schema,
+                                  data_schema=self.s.data_schema,
+                                  serving_schema=self.s.serving_schema,
+                                  reader_role=self.s.reader_role, alias=name, versions=branch,
+                                  replace_columns=False)
+                aliases.save(self.conn, schema, routing, [v.version for v in branch])
+
+    # Validation ----------------------------------------------------------------------------
+    def diff(self, job: str, version_a: str, version_b: str) -> DiffReport:
+        a, b = self._version(job, version_a), self._version(job, version_b)
+        report = compare(self.conn, self.s.catalog_schema, self.s.data_schema, a, b)
+        with self.conn.transaction():
+            aliases.store_validation(self.conn, self.s.catalog_schema, b.id, a.version,
+                                     report.passed, report.to_json())
+            events.record(self.conn, self.s.catalog_schema, "validation", job=job,
+                          version=b.version, against=a.version, passed=report.passed,
+                          aligned=report.aligned, offsets_apart=report.offsets_apart)
+        return report
+
+    # Retirement ----------------------------------------------------------------------------
+    def retire(self, job: str, version: str, *, drop: bool) -> dict[str, Any]:
+        target = self._version(job, version)
+        schema = self.s.catalog_schema
+        for name in aliases.for_job(self.conn, schema, job):
+            info = aliases.find(self.conn, schema, name)
+            assert info is not None
+            if version in (info["primary"], info["candidate"]):
+                raise StateError(f"alias {self.s.serving_schema}.{name} serves {job} {version}: "
+                                 "promote another version (or roll back) before retiring it")
+            if drop and info["rollback_to"] == version:
+                raise StateError(f"alias {self.s.serving_schema}.{name} would roll back to "
+                                 f"{version}: promote again or retire without --drop")
+        run = runs.get(self.conn, schema, target.id)
+        launcher.terminate(run.pid, run.pid_started)
+        with self.conn.transaction():
+            if run.state.is_active:
+                runs.change_state(self.conn, schema, target, RunState.STOPPED,
+                                  reason="stopped by `kappa retire`")
+            if run.state != RunState.RETIRED:
+                runs.change_state(self.conn, schema, target, RunState.RETIRED,
+                                  reason="retired" + (" and dropped" if drop else ""))
+        if drop:
+            self._drop(job, target)
+        return {"job": job, "version": version, "state": RunState.RETIRED.value,
+                "dropped": drop}
+
+    def _drop(self, job: str, target: DeployedVersion) -> None:
+        schema = self.s.catalog_schema
+        for name in aliases.for_job(self.conn, schema, job):
+            with self.conn.transaction():
+                locked = aliases.lock(self.conn, schema, name)
+                if locked is None or target.version not in locked[1]:
+                    continue
+                routing, view_versions = locked
+                keep = [v for v in self._live_versions(job)
+                        if v.version in view_versions and v.version != target.version]
+                if keep:
+                    views.define_view(self.conn, catalog_schema=schema,
+                                      data_schema=self.s.data_schema,
+                                      serving_schema=self.s.serving_schema,
+                                      reader_role=self.s.reader_role, alias=name,
+                                      versions=keep, replace_columns=False)
+                aliases.save(self.conn, schema, routing, [v.version for v in keep])
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL lock_timeout = '5s'")
+            for table in (target.output_table, target.dead_letter_table):
+                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
+                    qualified(self.s.data_schema, table)))
+            events.record(self.conn, schema, "drop", job=job, version=target.version,
+                          tables=[target.output_table, target.dead_letter_table],
+                          checkpoint=target.checkpoint_dir)
+        shutil.rmtree(Path(target.checkpoint_dir), ignore_errors=True)
+
+    # Helpers -------------------------------------------------------------------------------
+    def _version(self, job: str, version: str) -> DeployedVersion:
+        return versions.get(self.conn, self.s.catalog_schema, validate_name(job, "job name"),
+                            validate_name(version, "version"))
+
+    def _run_state(self, v: DeployedVersion) -> RunState:
+        return runs.get(self.conn, self.s.catalog_schema, v.id).state
+
+    def _not_ready(self, v: DeployedVersion) -> list[str]:
+        problems = []
+        state = self._run_state(v)
+        if state not in _SERVABLE:
+            problems.append(f"it is {state.value}, not caught up (`kappa wait {v.job} "
+                            f"{v.version}`)")
+        validation = aliases.latest_validation(self.conn, self.s.catalog_schema, v.id)
+        if validation is None:
+            problems.append(f"it has no validation (`kappa diff {v.job} OTHER {v.version}`)")
+        elif not validation[1]:
+            problems.append(f"its latest validation against {validation[0]} failed "
+                            f"(`kappa diff {v.job} {validation[0]} {v.version}`)")
+        return problems
+
+    def _live_versions(self, job: str) -> list[DeployedVersion]:
+        return [v for v in versions.list_all(self.conn, self.s.catalog_schema, job)
+                if runs.get(self.conn, self.s.catalog_schema, v.id).state != RunState.RETIRED]
+
+    def history(self, job: str, alias: str | None) -> list[dict[str, Any]]:
+        validate_name(job, "job name")
+        return aliases.history(self.conn, self.s.catalog_schema, job,
+                               validate_name(alias, "alias") if alias else None)
+
+
+__all__ = ["KappaError", "Switchboard"]

@@ -1,0 +1,158 @@
+"""Read aliases: promote, A/B by key, rollback, history, diff, retire, privileges."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conftest import job_file
+from integration.helpers import output
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+def _bucket(key: str) -> int:
+    return int(hashlib.md5(key.encode()).hexdigest()[:8], 16) % 100
+
+
+def _alias_rows(settings, alias: str = JOB, user: str | None = None) -> dict:
+    extra = {"user": user} if user else {}
+    with psycopg.connect(settings.pg_dsn, autocommit=True, **extra) as conn:
+        rows = conn.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}.{}").format(
+            sql.Identifier(settings.serving_schema), sql.Identifier(alias))).fetchall()
+    keys = [r[0] for r in rows]
+    assert len(keys) == len(set(keys)), "a key served by two versions"
+    return {url: (views, total) for url, views, total in rows}
+
+
+def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_path: Path
+                                                 ) -> None:
+    from orchestrator.errors import InvalidNameError, KappaError, StateError
+    from orchestrator.service import Orchestrator
+
+    tag = uuid.uuid4().hex[:8]
+    settings = replace(settings, serving_schema=f"serving_{tag}")
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 20_000, seed=101)
+    for version in ("v1", "v2"):
+        service.deploy(job_file(tmp_path, version, topic))
+    for version in ("v1", "v2"):
+        service.wait(JOB, version, timeout_s=300)
+
+    with pytest.raises(StateError, match="no validation"):
+        service.promote(JOB, "v1")
+    with pytest.raises(StateError, match="--reason"):
+        service.promote(JOB, "v1", force=True)
+    assert service.diff(JOB, "v2", "v1").passed  # v1 declares no guardrails
+    service.promote(JOB, "v1")
+    v1, v2 = output(settings, f"{JOB}__v1"), output(settings, f"{JOB}__v2")
+    assert _alias_rows(settings) == v1
+
+    report = service.diff(JOB, "v1", "v2")
+    assert report.aligned and report.offsets_apart == 0
+    # v2 normalises URLs: raw forms exist only in v1, and normalised keys gather more views.
+    assert report.only_in_a > 0 and report.differing["views"] > 0
+    assert report.samples["only_in_a"] and report.samples["differing_views"]
+    assert {g.name for g in report.guardrails} == {
+        "no negative counts", "total views within 1 % of the other version"}
+    assert report.passed
+
+    for percent in (10, 50):
+        service.ab(JOB, "v2", percent)
+        expected = {k: v for k, v in v1.items() if _bucket(k) >= percent}
+        expected |= {k: v for k, v in v2.items() if _bucket(k) < percent}
+        assert _alias_rows(settings) == expected
+    service.promote(JOB, "v2")
+    assert _alias_rows(settings) == v2
+    service.rollback(JOB, reason="checking rollback")
+    assert _alias_rows(settings) == output(settings, f"{JOB}__v1")
+    with pytest.raises(StateError, match="nothing to roll back"):
+        service.rollback(JOB)
+
+    history = service.history(JOB)
+    assert [(h["action"], h["to"], h["percent"]) for h in history] == [
+        ("promote", "v1", 100), ("ab", "v2", 10), ("ab", "v2", 50), ("promote", "v2", 100),
+        ("rollback", "v1", 100)]
+    assert history[-1]["reason"] == "checking rollback" and history[-1]["who"]
+    assert set(history[3]["lag"]) == {"v1", "v2"}
+
+    # Readers get the serving schema and nothing else.
+    reader = f"reader_{tag}"
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+            sql.Identifier(reader), sql.Identifier(settings.reader_role)))
+    try:
+        assert _alias_rows(settings, user=reader) == output(settings, f"{JOB}__v1")
+        with psycopg.connect(settings.pg_dsn, autocommit=True, user=reader) as conn, \
+                pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(sql.SQL("SELECT 1 FROM {}.{}").format(
+                sql.Identifier(settings.data_schema), sql.Identifier(f"{JOB}__v2")))
+    finally:
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(reader)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(reader)))
+
+    for hostile in ('x"; DROP TABLE jobs; --', "Alias", "a b", "serving.x"):
+        with pytest.raises(InvalidNameError):
+            service.promote(JOB, "v1", alias=hostile, force=True, reason="test")
+
+    with pytest.raises(StateError, match="serves"):
+        service.retire(JOB, "v1")
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        (checkpoint,) = conn.execute(sql.SQL(
+            "SELECT checkpoint_dir FROM {}.job_versions WHERE version = 'v2'").format(
+            sql.Identifier(settings.catalog_schema))).fetchone()
+    assert Path(checkpoint).is_dir()
+    service.retire(JOB, "v2", drop=True)
+    assert not Path(checkpoint).exists()
+    assert {st.version: st.state.value for st in service.status(JOB)}["v2"] == "retired"
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass(%s)",
+                            (f"{settings.data_schema}.{JOB}__v2",)).fetchone() == (None,)
+    assert _alias_rows(settings) == output(settings, f"{JOB}__v1")  # still served
+    with pytest.raises(KappaError):
+        service.ab(JOB, "v2", 10)  # retired
+
+
+def test_versions_with_other_columns_promote_but_never_split(service, settings, topic,
+                                                             tmp_path: Path) -> None:
+    from orchestrator.errors import ConflictError
+    from orchestrator.service import Orchestrator
+
+    tag = uuid.uuid4().hex[:8]
+    settings = replace(settings, serving_schema=f"serving_{tag}")
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 5_000, seed=111)
+    v3 = job_file(tmp_path, "v2", topic).read_text()
+    v3 = v3.replace('VERSION = "v2"', 'VERSION = "v3"').replace(
+        '"total_duration_ms": "bigint"}', '"total_duration_ms": "bigint", "max_ms": "bigint"}'
+    ).replace('MERGE = {"views": "sum", "total_duration_ms": "sum"}',
+              'MERGE = {"views": "sum", "total_duration_ms": "sum", "max_ms": "max"}').replace(
+        'F.sum("duration_ms").alias("total_duration_ms"),',
+        'F.sum("duration_ms").alias("total_duration_ms"), F.max("duration_ms").alias("max_ms"),')
+    (tmp_path / "v3.py").write_text(v3)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    service.deploy(tmp_path / "v3.py")
+    for version in ("v1", "v3"):
+        service.wait(JOB, version, timeout_s=300)
+    service.promote(JOB, "v1", force=True, reason="first")
+    with pytest.raises(ConflictError, match="other output columns"):
+        service.ab(JOB, "v3", 10, reason="split")
+    service.promote(JOB, "v3", force=True, reason="new columns")
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        columns = [r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name = %s ORDER BY ordinal_position", (settings.serving_schema, JOB))]
+        granted = conn.execute("SELECT has_table_privilege(%s, %s, 'SELECT')",
+                               (settings.reader_role, f"{settings.serving_schema}.{JOB}"))
+        assert granted.fetchone() == (True,)
+    assert columns == ["url", "views", "total_duration_ms", "max_ms"]
+    service.rollback(JOB, reason="back")
+    assert set(_alias_rows(settings)) == set(output(settings, f"{JOB}__v1"))
