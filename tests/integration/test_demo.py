@@ -32,7 +32,8 @@ def test_demo_tells_the_story_on_the_embedded_default() -> None:
         out = demo.stdout
         for needle in ("Producing 20,000 sample page views", "pageview_counts v1",
                        "pageview_counts v2", "Top URLs in v1:", "Top URLs in v2:", "live",
-                       "Their lag has gone to zero", "caught_up"):
+                       "Their lag has gone to zero", "caught_up", "A/B: 10 %", "roll back to v1",
+                       "promote v2 again", "retire v1", "rollback"):
             assert needle in out, out
         env_lines = _kappa(cwd, "dev", "env").stdout.splitlines()
         assert [line.split("=")[0] for line in env_lines] == [
@@ -40,12 +41,12 @@ def test_demo_tells_the_story_on_the_embedded_default() -> None:
         again = _kappa(cwd, "demo", "--count", "20000", "--json")  # idempotent second run
         assert again.returncode == 0, again.stderr
         report = json.loads(again.stdout)  # --json prints only JSON
-        assert {v["version"] for v in report["versions"]} == {"v1", "v2"}
+        states = {v["version"]: v["state"] for v in report["versions"]}
+        assert states["v1"] == "retired" and states["v2"] == "live"
         assert report["top_urls"]["v1"] and report["top_urls"]["v2"]
         down = _kappa(cwd, "dev", "down")
         assert down.returncode == 0, down.stderr
-        assert "stopped pageview_counts v1" in down.stdout
-        assert "stopped pageview_counts v2" in down.stdout
+        assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story
         assert _kappa(cwd, "dev", "status", "--json").stdout.count('"running": false') == 3
     finally:
         _kappa(cwd, "dev", "down")
