@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 import psycopg
+from psycopg import sql
 
 from orchestrator.catalog import lag_history, runs
+from orchestrator.catalog.db import qualified
 from orchestrator.lag import LagSample, LagState, Thresholds, eta_seconds, evaluate, rates, window
 from orchestrator.models import DeployedVersion, PartitionLag, RunRecord, VersionLag
 from orchestrator.settings import Settings
@@ -51,9 +53,11 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
         if run.started_at is not None and run.state.is_active:
             # Judge the current attempt only: a restart after a stop is not a stall.
             history = [h for h in history if h.at >= run.started_at.timestamp()]
-        # A driver still starting Spark has nothing to show yet: that is not a stall.
-        state = LagState.CATCHING_UP if run.state == RunState.STARTING \
-            else evaluate(history, limits)
+        # A driver still starting Spark, or still on its first batch, has nothing to show yet:
+        # that is not a stall (unless it takes far longer than a start ever should).
+        state = evaluate(history, limits)
+        if state == LagState.STALLED and _starting(conn, schema, version, run, now):
+            state = LagState.CATCHING_UP
         processing, produce = rates(window(history, limits.window_s))
         if state == LagState.STOPPED:
             processing = 0.0  # no driver, no progress: the ETA says not converging
@@ -66,6 +70,21 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
         eta_seconds=_rounded(eta_seconds(sample.lag_records, processing, produce)),
         partitions=partitions,
     )
+
+
+STARTUP_GRACE_S = 300.0
+
+
+def _starting(conn: psycopg.Connection, schema: str, version: DeployedVersion, run: RunRecord,
+              now: float) -> bool:
+    if run.state == RunState.STARTING:
+        return True
+    if run.started_at is not None and now - run.started_at.timestamp() > STARTUP_GRACE_S:
+        return False
+    applied = conn.execute(
+        sql.SQL("SELECT 1 FROM {} WHERE version_id = %s AND attempt = %s LIMIT 1").format(
+            qualified(schema, "batches")), (version.id, run.attempt)).fetchone()
+    return applied is None
 
 
 def _rounded(value: float | None) -> float | None:

@@ -67,6 +67,14 @@ class Switchboard:
         if forced and not reason:
             raise StateError("--force needs --reason TEXT, which is recorded in the history")
         schema = self.s.catalog_schema
+        # Lags need the broker: measure them before the routing row is locked, so that a switch
+        # holds its lock for milliseconds.
+        current = aliases.find(self.conn, schema, name)
+        involved = {v for v in (current["primary"], current["candidate"],
+                                current["rollback_to"]) if v} if current else set()
+        if target is not None:
+            involved.add(target.version)
+        lag = {v: self.lag_of(job, v) for v in sorted(involved)}
         with self.conn.transaction():
             locked = aliases.lock(self.conn, schema, name)
             if locked is None:
@@ -80,8 +88,8 @@ class Switchboard:
             after: Routing = change(before)
             new_view = self._prepare_view(job, name, after, view_versions, action)
             aliases.save(self.conn, schema, after, new_view)
-            involved = sorted(before.serves() | after.serves())
-            lag = {v: self.lag_of(job, v) for v in involved}
+            for version in sorted((before.serves() | after.serves()) - set(lag)):
+                lag[version] = self.lag_of(job, version)
             aliases.record_switch(self.conn, schema, alias=name, job=job, actor=actor(),
                                   action=action, before=before, after=after, reason=reason,
                                   forced=forced, lag=lag)

@@ -1,0 +1,208 @@
+"""Switch benchmark: readers hammer an alias while it is switched back and forth.
+
+    .venv/bin/python bench/switch.py [--switches 50] [--readers 32] [--json]
+
+Sets up its own embedded stack (or uses KAPPA_PG_DSN / KAPPA_KAFKA_BOOTSTRAP), deploys
+pageview_counts v1 and v2 on a fresh topic and lets them catch up (nothing more is produced, so
+both tables hold still while their drivers stay live), then runs `run_scenario`: READERS
+connections query the alias continuously (a quarter of them hold their transactions open for
+1-3 s) while SWITCHES A/B steps, promotes and rollbacks run.
+Prints switch latency (p50, p99, max) and the longest reader statement against the median one.
+The integration test runs the same scenario with assertions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+CYCLE = (("ab", 10), ("ab", 50), ("promote", 100), ("rollback", 0))
+
+
+@dataclass
+class Outcome:
+    switch_seconds: list[float] = field(default_factory=list)
+    statement_seconds: list[float] = field(default_factory=list)
+    statements: int = 0
+    reader_errors: list[str] = field(default_factory=list)
+    duplicate_keys: int = 0
+    stale_after_switch: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        sw = sorted(self.switch_seconds)
+        st = sorted(self.statement_seconds)
+        return {
+            "switches": len(sw),
+            "switch_p50_ms": round(1000 * statistics.median(sw), 2),
+            "switch_p99_ms": round(1000 * sw[max(0, int(len(sw) * 0.99) - 1)], 2),
+            "switch_max_ms": round(1000 * sw[-1], 2),
+            "reader_statements": self.statements,
+            "reader_statement_p50_ms": round(1000 * statistics.median(st), 2),
+            "longest_reader_statement_ms": round(1000 * st[-1], 2),
+            "reader_errors": len(self.reader_errors),
+            "duplicate_keys_seen": self.duplicate_keys,
+            "stale_reads_after_switch": len(self.stale_after_switch),
+        }
+
+
+def bucket(key: str) -> int:
+    return int(hashlib.md5(key.encode()).hexdigest()[:8], 16) % 100
+
+
+def _rows(conn: psycopg.Connection, schema: str, table: str) -> dict[str, tuple[Any, ...]]:
+    rows = conn.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}.{}").format(
+        sql.Identifier(schema), sql.Identifier(table))).fetchall()
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
+                 readers: int = 32, seed: int = 7) -> Outcome:
+    """v1 and v2 must be caught up on a topic that receives nothing more, validated, and the
+    alias `job` must serve v1 entirely."""
+    outcome = Outcome()
+    lock = threading.Lock()
+    stop = threading.Event()
+    dsn = settings.pg_dsn
+    alias = sql.SQL("{}.{}").format(sql.Identifier(settings.serving_schema), sql.Identifier(job))
+    check = sql.SQL("SELECT url, count(*) FROM {} GROUP BY url HAVING count(*) > 1").format(alias)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = {v: _rows(conn, settings.data_schema, f"{job}__{v}") for v in ("v1", "v2")}
+
+    def reader(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        holder = index % 4 == 0  # holds its transaction open for seconds
+        try:
+            with psycopg.connect(dsn, autocommit=not holder) as conn:
+                while not stop.is_set():
+                    began_tx = time.monotonic()
+                    while True:
+                        began = time.monotonic()
+                        dupes = conn.execute(check).fetchall()
+                        elapsed = time.monotonic() - began
+                        with lock:
+                            outcome.statements += 1
+                            outcome.statement_seconds.append(elapsed)
+                            outcome.duplicate_keys += len(dupes)
+                        if not holder or time.monotonic() - began_tx > rng.uniform(1, 3) \
+                                or stop.is_set():
+                            break
+                        time.sleep(0.05)
+                    if holder:
+                        conn.commit()
+        except Exception as exc:  # every reader error counts; none is expected
+            with lock:
+                outcome.reader_errors.append(f"reader {index}: {exc}")
+
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(readers)]
+    for t in threads:
+        t.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as verify:
+            for i in range(switches):
+                action, percent = CYCLE[i % len(CYCLE)]
+                began = time.monotonic()
+                if action == "ab":
+                    service.ab(job, "v2", percent, reason=f"bench step {i}")
+                elif action == "promote":
+                    service.promote(job, "v2", reason=f"bench step {i}")
+                else:
+                    service.rollback(job, reason=f"bench step {i}")
+                outcome.switch_seconds.append(time.monotonic() - began)
+                # A statement that starts after the switch returned sees the new routing.
+                served = {r[0]: tuple(r[1:]) for r in verify.execute(sql.SQL(
+                    "SELECT url, views, total_duration_ms FROM {}").format(alias)).fetchall()}
+                if action == "ab":
+                    expected = {k: v for k, v in tables["v1"].items() if bucket(k) >= percent}
+                    expected |= {k: v for k, v in tables["v2"].items() if bucket(k) < percent}
+                else:
+                    expected = tables["v2" if action == "promote" else "v1"]
+                if served != expected:
+                    outcome.stale_after_switch.append(f"switch {i} ({action} {percent})")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    return outcome
+
+
+def prepare(service: Any, job: str) -> None:
+    """Wait for both versions, validate each against the other, serve v1."""
+    for version in ("v1", "v2"):
+        service.wait(job, version, timeout_s=600)
+    service.diff(job, "v2", "v1")
+    service.diff(job, "v1", "v2")
+    service.promote(job, "v1", reason="switch scenario: start on v1")
+
+
+def main() -> int:
+    import argparse
+    import re
+    import shutil
+    import tempfile
+    import uuid
+    from dataclasses import replace
+    from pathlib import Path
+
+    from orchestrator.service import Orchestrator
+    from orchestrator.settings import load_settings
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--switches", type=int, default=50)
+    parser.add_argument("--readers", type=int, default=32)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parents[1]
+    workdir = Path(tempfile.mkdtemp(prefix="kappa-bench-switch-"))
+    settings = load_settings({"state_dir": str(workdir / "state")}, cwd=workdir)
+    own_stack = not (settings.pg_dsn and settings.kafka_bootstrap)
+    if own_stack:
+        from orchestrator.dev import stack
+
+        up = stack.up(settings.state_dir)
+        settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
+    tag = uuid.uuid4().hex[:8]
+    settings = replace(settings, catalog_schema=f"kappa_bs_{tag}",
+                       data_schema=f"kappa_bs_data_{tag}", serving_schema=f"serving_bs_{tag}")
+    service = Orchestrator(settings)
+    topic = f"bench_switch_{tag}"
+    try:
+        service.produce_sample(topic, 50_000, seed=3)
+        for version in ("v1", "v2"):
+            source = (root / "jobs" / "pageview_counts" / f"{version}.py").read_text()
+            path = workdir / f"{version}.py"
+            path.write_text(re.sub(r"^TOPICS = .*$", f'TOPICS = ["{topic}"]', source,
+                                   flags=re.M))
+            service.deploy(path)
+        prepare(service, "pageview_counts")
+        outcome = run_scenario(service, settings, "pageview_counts", switches=args.switches,
+                               readers=args.readers)
+    finally:
+        for st in service.status():
+            if st.pid:
+                service.stop(st.job, st.version)
+        with psycopg.connect(settings.pg_dsn or "", autocommit=True) as conn:
+            for schema in (settings.serving_schema, settings.catalog_schema,
+                           settings.data_schema):
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    sql.Identifier(schema)))
+        if own_stack:
+            stack.down(settings.state_dir)
+        shutil.rmtree(workdir, ignore_errors=True)
+    result = outcome.summary()
+    print(json.dumps(result, indent=2) if args.json else
+          "\n".join(f"{k:32} {v}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
