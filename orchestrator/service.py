@@ -293,6 +293,16 @@ class Orchestrator:
         with self._catalog() as conn:
             return self._switchboard(conn).retire(job, version, drop=drop)
 
+    def cutover(self, job: str, version: str, *, ramp: list[int], soak_seconds: float,
+                alias: str | None = None, say: Callable[[str], None] | None = None
+                ) -> dict[str, Any]:
+        """Validate, ramp with soaks and guardrails, promote; resumes a crashed run; any
+        failure rolls back and raises with the reason."""
+        from orchestrator.plan.cutover import Cutover
+
+        return Cutover(self, job, version, alias, say or (lambda _: None)).run(ramp,
+                                                                             soak_seconds)
+
     def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
         with self._catalog() as conn:
             return events.list_events(conn, self.settings.catalog_schema, job, version)

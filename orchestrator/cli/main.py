@@ -89,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     rb.add_argument("--reason")
     rb.add_argument("--json", action="store_true")
 
+    co = sub.add_parser("cutover", help="validate, ramp with soaks and checks, promote")
+    co.add_argument("job")
+    co.add_argument("version")
+    co.add_argument("--ramp", default="10,50,100", help="percentages, e.g. 10,50,100")
+    co.add_argument("--soak", type=float, default=60.0, help="seconds at each step")
+    co.add_argument("--alias")
+    co.add_argument("--json", action="store_true")
+
     hi = sub.add_parser("history", help="every switch of the job's aliases")
     hi.add_argument("job")
     hi.add_argument("--alias")
@@ -183,6 +191,17 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.cli.lag import run_lag
 
         return run_lag(service, args)
+    if cmd == "cutover":
+        try:
+            ramp = [int(p) for p in args.ramp.split(",") if p.strip()]
+        except ValueError as exc:
+            raise KappaError(f"--ramp takes percentages like 10,50,100, not {args.ramp!r}") \
+                from exc
+        plan = service.cutover(args.job, args.version, ramp=ramp, soak_seconds=args.soak,
+                               alias=args.alias, say=None if args.json else print)
+        print_json(plan) if args.json else print(
+            f"cutover plan {plan['plan']} succeeded: {plan['alias']} serves {plan['version']}")
+        return 0
     if cmd in ("promote", "ab", "rollback", "history", "diff", "retire"):
         from orchestrator.cli.aliases import run_alias_command
 

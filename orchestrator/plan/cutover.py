@@ -1,0 +1,172 @@
+"""`kappa cutover`: validate, then ramp with soaks and guardrails, as a resumable plan.
+
+The plan and how far it has come are stored in the catalog after every stage, so running the
+same command again after a crash continues from the last completed stage. Any failure rolls the
+alias back and says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from orchestrator.catalog import aliases, events
+from orchestrator.catalog.db import qualified
+from orchestrator.errors import KappaError, StateError
+from orchestrator.lag import LagState, Thresholds
+from orchestrator.naming import validate_name
+from orchestrator.plan.stages import Ramp, Stage, Validate, build, from_json, to_json
+
+Say = Callable[[str], None]
+_UNHEALTHY = {LagState.STALLED.value, LagState.STOPPED.value}
+
+
+def describe(stage: Stage) -> str:
+    if isinstance(stage, Validate):
+        return "validate"
+    if isinstance(stage, Ramp):
+        return f"ramp to {stage.percent} %"
+    return f"soak {stage.seconds:g}s"
+
+
+class Cutover:
+    def __init__(self, service: Any, job: str, version: str, alias: str | None, say: Say):
+        self.service, self.say = service, say
+        self.job = validate_name(job, "job name")
+        self.version = validate_name(version, "version")
+        self.alias = validate_name(alias or job, "alias")
+        self.schema = service.settings.catalog_schema
+        self.plan_id = 0
+
+    def run(self, ramp: list[int], soak_seconds: float) -> dict[str, Any]:
+        stages, start = self._plan(build(ramp, soak_seconds))
+        for index in range(start, len(stages)):
+            stage = stages[index]
+            self.say(f"step {index + 1}/{len(stages)}: {describe(stage)}")
+            try:
+                self._visit(stage)
+            except KappaError as exc:
+                reason = f"step {index + 1} ({describe(stage)}) failed: {exc}"
+                self._roll_back(reason)
+                raise KappaError(f"cutover of {self.job} {self.version} rolled back; {reason}")\
+                    from exc
+            self._advance(index + 1, "succeeded" if index + 1 == len(stages) else "running")
+        return {"plan": self.plan_id, "job": self.job, "version": self.version,
+                "alias": self.alias, "status": "succeeded",
+                "steps": [describe(s) for s in stages]}
+
+    # Stages --------------------------------------------------------------------------------
+    def _visit(self, stage: Stage) -> None:
+        if isinstance(stage, Validate):
+            self._validate()
+        elif isinstance(stage, Ramp):
+            self._ramp(stage.percent)
+        else:
+            self._soak(stage.seconds)
+
+    def _serving(self) -> dict[str, Any]:
+        with self.service._catalog() as conn:
+            info = aliases.find(conn, self.schema, self.alias)
+        if info is None or info["primary"] is None:
+            raise StateError(f"alias {self.alias} serves nothing yet: `kappa promote "
+                             f"{self.job} VERSION` a first version")
+        return info
+
+    def _baseline(self) -> str:
+        info = self._serving()
+        if info["primary"] == self.version and info["rollback_to"]:
+            return str(info["rollback_to"])
+        return str(info["primary"])
+
+    def _validate(self) -> None:
+        baseline = self._baseline()
+        if baseline == self.version:
+            raise StateError(f"alias {self.alias} already serves {self.version}")
+        report = self.service.diff(self.job, baseline, self.version)
+        failed = [g.name + (f" ({g.detail})" if g.detail else "")
+                  for g in report.guardrails if not g.passed]
+        if failed:
+            raise KappaError(f"guardrail(s) failed against {baseline}: {'; '.join(failed)}")
+
+    def _ramp(self, percent: int) -> None:
+        info = self._serving()
+        done = (info["primary"] == self.version and not info["candidate"]) if percent == 100 \
+            else (info["candidate"] == self.version and info["percent"] == percent)
+        if done:  # the switch committed before a crash; the plan had not recorded it yet
+            return
+        reason = f"cutover plan {self.plan_id}: {percent} %"
+        if percent == 100:
+            self.service.promote(self.job, self.version, self.alias, reason=reason)
+        else:
+            self.service.ab(self.job, self.version, percent, self.alias, reason=reason)
+
+    def _soak(self, seconds: float) -> None:
+        baseline = self._baseline()
+        deadline = time.monotonic() + seconds
+        limits = Thresholds(window_s=max(5.0, min(30.0, seconds)))
+        while True:
+            for lag in self.service.lag(self.job, limits=limits):
+                if lag.version in (baseline, self.version) and lag.state in _UNHEALTHY:
+                    raise KappaError(f"{self.job} {lag.version} is {lag.state} during the soak")
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        self._validate_against(baseline)
+
+    def _validate_against(self, baseline: str) -> None:
+        report = self.service.diff(self.job, baseline, self.version)
+        failed = [g.name for g in report.guardrails if not g.passed]
+        if failed:
+            raise KappaError(f"guardrail(s) failed after the soak: {'; '.join(failed)}")
+
+    def _roll_back(self, reason: str) -> None:
+        info = None
+        with self.service._catalog() as conn:
+            info = aliases.find(conn, self.schema, self.alias)
+        touched = info is not None and self.version in (info["primary"], info["candidate"])
+        if touched:
+            self.service.rollback(self.job, self.alias, reason=reason)
+            self.say(f"rolled back: {reason}")
+        self._advance(None, "rolled_back", reason)
+
+    # Plan bookkeeping ----------------------------------------------------------------------
+    def _plan(self, stages: list[Stage]) -> tuple[list[Stage], int]:
+        table = qualified(self.schema, "cutover_plans")
+        with self.service._catalog() as conn, conn.transaction():
+            row = conn.execute(sql.SQL(
+                "SELECT id, version, steps, next_step FROM {} WHERE alias = %s "
+                "AND status = 'running' FOR UPDATE").format(table), (self.alias,)).fetchone()
+            if row is not None:
+                plan_id, version, steps, next_step = row
+                if version != self.version or steps != to_json(stages):
+                    raise StateError(
+                        f"cutover plan {plan_id} of {self.job} {version} is still running on "
+                        f"alias {self.alias} with steps {steps}: re-run it with the same "
+                        "arguments to resume it")
+                self.plan_id = plan_id
+                self.say(f"resuming cutover plan {plan_id} at step {next_step + 1}")
+                return from_json(steps), int(next_step)
+            created = conn.execute(sql.SQL(
+                "INSERT INTO {} (job, alias, version, steps) VALUES (%s, %s, %s, %s) "
+                "RETURNING id").format(table),
+                (self.job, self.alias, self.version, Jsonb(to_json(stages)))).fetchone()
+            assert created is not None
+            self.plan_id = created[0]
+            events.record(conn, self.schema, "cutover_plan", job=self.job,
+                          version=self.version, plan=self.plan_id, steps=to_json(stages))
+        return stages, 0
+
+    def _advance(self, next_step: int | None, status: str, reason: str | None = None) -> None:
+        with self.service._catalog() as conn, conn.transaction():
+            conn.execute(sql.SQL(
+                "UPDATE {} SET next_step = COALESCE(%s, next_step), status = %s, reason = %s, "
+                "updated_at = now() WHERE id = %s").format(
+                qualified(self.schema, "cutover_plans")),
+                (next_step, status, reason, self.plan_id))
+            events.record(conn, self.schema, "cutover_step", job=self.job,
+                          version=self.version, plan=self.plan_id, next_step=next_step,
+                          status=status, reason=reason)

@@ -1,0 +1,92 @@
+"""`kappa cutover`: a resumable, audited plan; any failed check rolls back and says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conftest import ROOT, job_file, kappa_cli, wait_until
+
+sys.path.insert(0, str(ROOT))
+from bench.switch import prepare
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+def _plan(settings) -> tuple | None:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return conn.execute(sql.SQL(
+            "SELECT next_step, status, reason FROM {}.cutover_plans ORDER BY id DESC LIMIT 1")
+            .format(sql.Identifier(settings.catalog_schema))).fetchone()
+
+
+def test_cutover_resumes_after_a_crash_and_promotes(service, settings, topic, tmp_path: Path
+                                                    ) -> None:
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 10_000, seed=141)
+    for version in ("v1", "v2"):
+        service.deploy(job_file(tmp_path, version, topic))
+    prepare(service, JOB)
+    env = dict(os.environ, **settings.driver_environment())
+    args = [str(Path(sys.executable).with_name("kappa")), "cutover", JOB, "v2",
+            "--ramp", "10,50,100", "--soak", "4"]
+    first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        # Killed while soaking after the 10 % step.
+        wait_until(lambda: (_plan(settings) or (0,))[0] >= 2, 120, "the 10 % step")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert _plan(settings)[1] == "running"
+    other = kappa_cli(settings, "cutover", JOB, "v2", "--ramp", "10,100", "--soak", "4")
+    assert other.returncode == 1 and "same arguments" in other.stderr
+    resumed = kappa_cli(settings, *args[1:], "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "succeeded"
+    steps = [(h["action"], h["to"], h["percent"]) for h in service.history(JOB)]
+    assert steps == [("promote", "v1", 100), ("ab", "v2", 10), ("ab", "v2", 50),
+                     ("promote", "v2", 100)]  # the 10 % step was not repeated
+    assert _plan(settings)[:2] == (6, "succeeded")
+
+
+def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_path: Path
+                                                 ) -> None:
+    from orchestrator.errors import KappaError
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 5_000, seed=151)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    # v2 with a guardrail that passes until v2 starts serving, then fails.
+    check = (f"SELECT NOT EXISTS (SELECT 1 FROM {settings.catalog_schema}.aliases "
+             "WHERE candidate_version = 'v2')")
+    source = job_file(tmp_path, "v2", topic).read_text().replace(
+        "GUARDRAILS = {", f'GUARDRAILS = {{\n    "v2 not serving yet": "{check}",', 1)
+    path = tmp_path / "v2_guarded.py"
+    path.write_text(source)
+    service.deploy(path)
+    prepare(service, JOB)
+    with pytest.raises(KappaError) as info:
+        service.cutover(JOB, "v2", ramp=[10, 100], soak_seconds=1)
+    message = str(info.value)
+    assert "rolled back" in message and "v2 not serving yet" in message
+    assert "step 3" in message  # the soak after the 10 % step
+    steps = [(h["action"], h["to"]) for h in service.history(JOB)]
+    assert steps == [("promote", "v1"), ("ab", "v2"), ("rollback", "v1")]
+    assert _plan(settings)[1] == "rolled_back"
