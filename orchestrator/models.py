@@ -133,6 +133,24 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class AliasState:
+    job: str
+    alias: str
+    primary: str | None
+    candidate: str | None
+    percent: int
+    switches: int  # switches recorded in the alias's history
+
+    def share(self, version: str) -> int:
+        """Percent of the keys the alias sends to ``version``."""
+        if version == self.candidate:
+            return self.percent
+        if version == self.primary:
+            return 100 - self.percent if self.candidate else 100
+        return 0
+
+
+@dataclass(frozen=True)
 class PartitionLag:
     topic: str
     partition: int

@@ -14,13 +14,21 @@ import psycopg
 
 from orchestrator import monitor
 from orchestrator.aliases.diff import DiffReport
+from orchestrator.catalog import aliases as alias_rows
 from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
 from orchestrator.errors import KappaError, NotFoundError, StateError
 from orchestrator.jobspec import load_job_file
 from orchestrator.lag import LagState, Thresholds, lag_records, replay_start
-from orchestrator.models import DeployedVersion, Offsets, RunRecord, VersionLag, VersionStatus
+from orchestrator.models import (
+    AliasState,
+    DeployedVersion,
+    Offsets,
+    RunRecord,
+    VersionLag,
+    VersionStatus,
+)
 from orchestrator.naming import consumer_group, dead_letter_table, output_table, validate_name
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark import launcher
@@ -280,6 +288,11 @@ class Orchestrator:
                  ) -> dict[str, Any]:
         with self._catalog() as conn:
             return self._switchboard(conn).rollback(job, alias, reason=reason)
+
+    def aliases(self) -> list[AliasState]:
+        with self._catalog() as conn:
+            return [AliasState(*row) for row in alias_rows.overview(
+                conn, self.settings.catalog_schema)]
 
     def history(self, job: str, alias: str | None = None) -> list[dict[str, Any]]:
         with self._catalog() as conn:

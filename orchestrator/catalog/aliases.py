@@ -37,6 +37,14 @@ def find(conn: psycopg.Connection, schema: str, alias: str) -> dict[str, Any] | 
     return dict(zip(keys, row, strict=True))
 
 
+def overview(conn: psycopg.Connection, schema: str) -> list[tuple[Any, ...]]:
+    """(job, alias, primary, candidate, percent, switches) for every alias."""
+    return conn.execute(sql.SQL(
+        "SELECT a.job, a.name, a.primary_version, a.candidate_version, a.percent, "
+        "(SELECT count(*) FROM {h} h WHERE h.alias = a.name) FROM {a} a ORDER BY a.name").format(
+        a=qualified(schema, "aliases"), h=qualified(schema, "alias_history"))).fetchall()
+
+
 def for_job(conn: psycopg.Connection, schema: str, job: str) -> list[str]:
     return [r[0] for r in conn.execute(sql.SQL("SELECT name FROM {} WHERE job = %s ORDER BY name")
                                        .format(qualified(schema, "aliases")), (job,))]

@@ -16,7 +16,8 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
 
     def take() -> Snapshot:
         lags = tuple(service.lag(limits=limits))
-        return Snapshot(lags=lags, statuses=tuple(service.status()), taken_at=time.time())
+        return Snapshot(lags=lags, statuses=tuple(service.status()),
+                        aliases=tuple(service.aliases()), taken_at=time.time())
 
     def ready(port: int) -> None:
         print(f"serving metrics on http://{args.host}:{port}/metrics "

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from orchestrator.lag import LagState
-from orchestrator.models import VersionLag, VersionStatus
+from orchestrator.models import AliasState, VersionLag, VersionStatus
 
 log = logging.getLogger("kappa.exporter")
 PREFIX = "kappa"
@@ -31,6 +31,7 @@ class Snapshot:
     lags: tuple[VersionLag, ...] = ()
     statuses: tuple[VersionStatus, ...] = ()
     taken_at: float = 0.0  # seconds since the epoch; 0 before the first success
+    aliases: tuple[AliasState, ...] = ()
 
 
 @dataclass
@@ -85,6 +86,7 @@ class KappaCollector(Collector):
         snap = self.sampler.snapshot
         yield from lag_metrics(snap.lags)
         yield from status_metrics(snap.statuses)
+        yield from alias_metrics(snap.aliases, snap.statuses)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
         stale.add_metric([], 1.0 if self.sampler.is_stale() else 0.0)
@@ -161,3 +163,23 @@ def status_metrics(statuses: Sequence[VersionStatus]
     yield rows
     yield dead
     yield heartbeat
+
+
+def alias_metrics(aliases: Sequence[AliasState], statuses: Sequence[VersionStatus]
+                  ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    labels = ["job", "alias", "version"]
+    target = GaugeMetricFamily(f"{PREFIX}_alias_target", "1 when the alias serves any keys "
+                               "from the version, else 0", labels=labels)
+    split = GaugeMetricFamily(f"{PREFIX}_alias_split_percent", "Percent of the alias's keys "
+                              "served by the version", labels=labels)
+    switches = CounterMetricFamily(f"{PREFIX}_alias_switches", "Switches of the alias "
+                                   "(promote, A/B step, rollback)", labels=["job", "alias"])
+    for alias in aliases:
+        for version in sorted({st.version for st in statuses if st.job == alias.job}):
+            share = alias.share(version)
+            target.add_metric([alias.job, alias.alias, version], 1.0 if share else 0.0)
+            split.add_metric([alias.job, alias.alias, version], float(share))
+        switches.add_metric([alias.job, alias.alias], float(alias.switches))
+    yield target
+    yield split
+    yield switches

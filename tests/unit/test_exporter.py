@@ -83,3 +83,22 @@ def test_a_hanging_refresh_turns_stale_after_three_intervals() -> None:
     now = sampler.snapshot.taken_at
     assert not sampler.is_stale(now + 29)
     assert sampler.is_stale(now + 31)
+
+
+def test_alias_target_split_and_switches() -> None:
+    from orchestrator.models import AliasState, VersionStatus
+
+    def status(version: str) -> VersionStatus:
+        return VersionStatus("pageview_counts", version, RunState.LIVE, 1, None, "t", "d", 1, 0,
+                             {}, 0, 0.5, None, 1, None, None)
+
+    alias = AliasState("pageview_counts", "pageview_counts", "v1", "v2", 10, 3)
+    sampler = Sampler(take=lambda: Snapshot((), (status("v1"), status("v2"), status("v3")),
+                                            time.time(), (alias,)))
+    sampler.refresh()
+    got = _scrape(sampler)
+    base = 'alias="pageview_counts",job="pageview_counts"'
+    assert got[f'kappa_alias_split_percent{{{base},version="v1"}}'] == 90
+    assert got[f'kappa_alias_split_percent{{{base},version="v2"}}'] == 10
+    assert got[f'kappa_alias_target{{{base},version="v3"}}'] == 0
+    assert got[f'kappa_alias_switches_total{{{base}}}'] == 3
