@@ -97,7 +97,7 @@ def main() -> int:
 
         began = time.perf_counter()
         service.deploy(job_file(workdir, topic, version))
-        status = service.wait("pageview_counts", version, timeout_s=1800, poll_s=0.2)
+        status = service.wait("pageview_counts", version, timeout_s=1800, poll_s=0.5)
         wall = time.perf_counter() - began
         replay_s = spark_up_to_caught_up(settings, version)
         results = {
