@@ -143,11 +143,10 @@ class AliasState:
 
     def share(self, version: str) -> int:
         """Percent of the keys the alias sends to ``version``."""
-        if version == self.candidate:
-            return self.percent
-        if version == self.primary:
-            return 100 - self.percent if self.candidate else 100
-        return 0
+        from orchestrator.routing import Routing
+
+        routing = Routing(self.alias, self.primary, self.candidate, self.percent)
+        return routing.served_fraction(version)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import pytest
 from conftest import wait_until
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -66,7 +66,7 @@ def prometheus(directory: Path, target: str) -> Iterator[str]:
     if binary is None:
         pytest.skip("prometheus is not installed: `apt-get install prometheus` "
                     "(scripts/test.sh does it when run as root)")
-    port = _free_port()
+    port = free_port()
     config = directory / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

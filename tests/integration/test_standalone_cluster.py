@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,16 +13,11 @@ import pytest
 
 from conftest import job_file, wait_until
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output
+from integration.observability import free_port as _free_port
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
