@@ -34,7 +34,7 @@ def _serve_through_outage(target: str, what: str) -> None:
     wait_until(lambda: _stale(target) == 1.0, OUTAGE_S, f"stale data during the {what} outage")
     while time.monotonic() - began < OUTAGE_S:
         assert "kappa_exporter_stale" in scrape(target)  # still serving
-        time.sleep(1.0)
+        time.sleep(1.0)  # pacing the scrapes across the fixed outage, not waiting for a state
 
 
 def test_agent_survives_broker_and_postgres_outages(tmp_path: Path) -> None:
