@@ -74,6 +74,11 @@ class VersionStatus:
     started_at: datetime | None
     log_tail: tuple[str, ...] = ()
 
+    def caught_up(self, max_lag: int = 0) -> bool:
+        """Replayed to the log end, give or take ``max_lag`` records."""
+        return self.state in (RunState.CAUGHT_UP, RunState.LIVE) and \
+            self.lag_records is not None and self.lag_records <= max_lag
+
     def to_json(self) -> dict[str, object]:
         return {
             "job": self.job,

@@ -71,6 +71,9 @@ class Orchestrator:
             existing = versions.find(conn, s.catalog_schema, spec.name, spec.version)
             if existing is not None:
                 versions.check_same_code(existing, spec)
+                if runs.get(conn, s.catalog_schema, existing.id).state == RunState.REGISTERED:
+                    # Registered by a deploy that crashed before it launched the driver.
+                    self._start(conn, existing)
                 return DeployResult(False, self._status_of(conn, existing))
             for topic in spec.topics:
                 topic_partitions(bootstrap, topic)  # a clear error for a missing topic
@@ -171,30 +174,41 @@ class Orchestrator:
         window = (limits or Thresholds()).window_s
         next_stall_check = 0.0
         while True:
-            st = self.version_status(job, version)
+            # Measuring lag costs broker round trips: a few per window are enough.
+            check_stall = time.monotonic() >= next_stall_check
+            if check_stall:
+                next_stall_check = time.monotonic() + window / 6
+            st = self.catch_up_progress(job, version, max_lag=max_lag, check_stall=check_stall,
+                                        limits=limits)
             if progress:
                 progress(st)
-            if st.state in (RunState.FAILED, RunState.STOPPED, RunState.RETIRED):
-                raise KappaError(f"{job} {version} is {st.state.value}"
-                                 f"{': ' + st.reason if st.reason else ''}; see `kappa status "
-                                 f"{job}` and the log {st.log_path}")
-            if st.state in (RunState.CAUGHT_UP, RunState.LIVE) and \
-                    st.lag_records is not None and st.lag_records <= max_lag:
+            if st.caught_up(max_lag):
                 return st
-            if st.state != RunState.STARTING and time.monotonic() >= next_stall_check:
-                # Measuring lag costs broker round trips: a few per window are enough.
-                next_stall_check = time.monotonic() + window / 6
-                (measured,) = self.lag(job, version, limits)
-                if measured.state == LagState.STALLED:
-                    raise KappaError(
-                        f"{job} {version} is stalled: {measured.lag_records} records behind and "
-                        f"no progress for {window:.0f}s; see the log "
-                        f"{st.log_path}")
             if deadline is not None and time.monotonic() > deadline:
                 raise KappaError(f"{job} {version} has not caught up after {timeout_s:.0f}s "
                                  f"({st.lag_records} records behind); it keeps running: "
                                  f"`kappa lag {job}`")
             time.sleep(poll_s)
+
+    def catch_up_progress(self, job: str, version: str, *, max_lag: int = 0,
+                          check_stall: bool = True, limits: Thresholds | None = None
+                          ) -> VersionStatus:
+        """One look at a version that is catching up: its status, or an error if it failed,
+        was stopped or (with ``check_stall``) has stalled. Pollers (``wait``, the Airflow
+        trigger) call this until ``status.caught_up(max_lag)``."""
+        st = self.version_status(job, version)
+        if st.state in (RunState.FAILED, RunState.STOPPED, RunState.RETIRED):
+            raise KappaError(f"{job} {version} is {st.state.value}"
+                             f"{': ' + st.reason if st.reason else ''}; see `kappa status "
+                             f"{job}` and the log {st.log_path}")
+        if st.caught_up(max_lag) or st.state == RunState.STARTING or not check_stall:
+            return st
+        window = (limits or Thresholds()).window_s
+        (measured,) = self.lag(job, version, limits)
+        if measured.state == LagState.STALLED:
+            raise KappaError(f"{job} {version} is stalled: {measured.lag_records} records behind "
+                             f"and no progress for {window:.0f}s; see the log {st.log_path}")
+        return st
 
     def _status_of(self, conn: psycopg.Connection, v: DeployedVersion) -> VersionStatus:
         s = self.settings
@@ -319,6 +333,19 @@ class Orchestrator:
 
         return Cutover(self, job, version, alias, say or (lambda _: None)).run(ramp,
                                                                              soak_seconds)
+
+    def abort_cutover(self, job: str, version: str, *, reason: str, alias: str | None = None
+                      ) -> int | None:
+        """Roll back a cutover of ``version`` that stopped half-way; None if none is running."""
+        from orchestrator.plan.cutover import Cutover
+
+        return Cutover(self, job, version, alias, lambda _: None).abort(reason)
+
+    def serving(self, job: str, alias: str | None = None) -> AliasState | None:
+        """What the alias (by default named after the job) serves, or None if it does not
+        exist yet."""
+        name = validate_name(alias or job, "alias")
+        return next((a for a in self.aliases() if a.alias == name), None)
 
     def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
         with self._catalog() as conn:

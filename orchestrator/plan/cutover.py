@@ -59,6 +59,20 @@ class Cutover:
                 "alias": self.alias, "status": "succeeded",
                 "steps": [describe(s) for s in stages]}
 
+    def abort(self, reason: str) -> int | None:
+        """Roll back this version's unfinished cutover plan (its runner was killed or timed
+        out, so it could not roll back itself); return the plan's id, or None if none runs."""
+        with self.service._catalog() as conn:
+            row = conn.execute(sql.SQL(
+                "SELECT id FROM {} WHERE alias = %s AND version = %s AND status = 'running'")
+                .format(qualified(self.schema, "cutover_plans")),
+                (self.alias, self.version)).fetchone()
+        if row is None:
+            return None
+        self.plan_id = row[0]
+        self._roll_back(reason)
+        return self.plan_id
+
     # Stages --------------------------------------------------------------------------------
     def _visit(self, stage: Stage) -> None:
         if isinstance(stage, Validate):

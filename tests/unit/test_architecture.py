@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import orchestrator
 
 PACKAGE = Path(orchestrator.__file__).parent
@@ -26,9 +28,24 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
 
 
 def test_public_api_is_exactly_all() -> None:
-    public = {name for name in vars(orchestrator) if not name.startswith("_")}
-    modules = {name for name in public if isinstance(getattr(orchestrator, name), type(ast))}
-    assert public - modules == set(orchestrator.__all__)
+    assert dir(orchestrator) == sorted(orchestrator.__all__)
+    for name in orchestrator.__all__:
+        assert getattr(orchestrator, name).__name__ == name
+    with pytest.raises(AttributeError):
+        _ = orchestrator.Nothing  # type: ignore[attr-defined]
+
+
+def test_importing_a_subpackage_loads_no_driver() -> None:
+    """Airflow imports our operators while it parses DAG files: that must stay cheap."""
+    import subprocess
+    import sys
+
+    drivers = set(DRIVERS) - {"airflow"}
+    code = ("import sys, orchestrator.airflow.operators, orchestrator.airflow.sensors; "
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {drivers!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
 
 
 def test_domain_imports_no_driver_library() -> None:
@@ -46,7 +63,8 @@ def test_pyspark_only_inside_the_spark_package() -> None:
 
 
 def test_layers_import_downwards_only() -> None:
-    upper = {"orchestrator.cli", "orchestrator.service", "orchestrator.demo"}
+    upper = {"orchestrator.cli", "orchestrator.service", "orchestrator.demo",
+             "orchestrator.airflow"}
     for sub in ("catalog", "kafka", "spark", "dev"):
         for path in (PACKAGE / sub).rglob("*.py"):
             imported = _imports(path, top_level_only=False)

@@ -1,0 +1,90 @@
+"""Reprocess a job from the log: deploy a new version, wait for it to catch up (deferred, no
+worker slot held), validate it against the served version, ramp the alias with soaks and
+checks, promote, and optionally retire the previous version.
+
+Trigger with a conf, e.g.
+    {"job_file": "jobs/pageview_counts/v2.py", "ramp": [10, 50, 100], "soak_seconds": 60,
+     "max_lag": 0, "retire_previous": false}
+Any failed check rolls the alias back and fails the run with what failed. Connections:
+``kappa_postgres`` (the catalog) and ``kappa_kafka`` (the broker).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, Param, TriggerRule, task
+
+from orchestrator.airflow.operators import (
+    KappaCutoverOperator,
+    KappaDeployOperator,
+    KappaRetireOperator,
+    KappaRollbackOperator,
+    KappaValidateOperator,
+)
+from orchestrator.airflow.sensors import KappaCaughtUpSensor
+
+# Relative job files resolve against the project holding this dags/ folder.
+PROJECT_DIR = os.environ.get("KAPPA_PROJECT_DIR") or str(Path(__file__).resolve().parents[1])
+
+with DAG(
+    dag_id="kappa_reprocess",
+    description="Replay a new job version from the log, validate, ramp and promote it",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    tags=["kappa"],
+    doc_md=__doc__,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30),
+                  "project_dir": PROJECT_DIR},
+    params={
+        "job_file": Param(type="string", description="job file, relative to the project"),
+        "ramp": Param([10, 50, 100], type="array", items={"type": "integer"},
+                      description="percent of keys served by the new version, step by step"),
+        "soak_seconds": Param(60, type="number", minimum=0),
+        "max_lag": Param(0, type="integer", minimum=0,
+                         description="records behind the log end that count as caught up"),
+        "retire_previous": Param(False, type="boolean"),
+        "alias": Param(None, type=["null", "string"], description="default: the job name"),
+        "catch_up_timeout_minutes": Param(720, type="number", minimum=0),
+    },
+) as dag:
+
+    @task(multiple_outputs=True, retries=0)
+    def check_conf(**context: Any) -> dict[str, object]:
+        """Validate the whole conf up front (unknown keys included) and read the job file."""
+        from orchestrator.airflow.operators import failing_clearly
+        from orchestrator.airflow.run_conf import checked_reprocess
+
+        with failing_clearly():
+            return checked_reprocess(context["dag_run"].conf or {}, Path(PROJECT_DIR))
+
+    request = check_conf()
+    deploy = KappaDeployOperator(task_id="deploy", job_file=request["job_file"])
+    wait = KappaCaughtUpSensor(
+        task_id="wait_caught_up", job=request["job"], version=request["version"],
+        max_lag=request["max_lag"], max_wait_minutes=request["catch_up_timeout_minutes"])
+    validate = KappaValidateOperator(task_id="validate", job=request["job"],
+                                     version=request["version"], alias=request["alias"],
+                                     retries=0)
+    cutover = KappaCutoverOperator(
+        task_id="ramp_and_promote", job=request["job"], version=request["version"],
+        ramp=request["ramp"], soak_seconds=request["soak_seconds"], alias=request["alias"],
+        retries=1)
+    retire = KappaRetireOperator(
+        task_id="retire_previous", job=request["job"], enabled=request["retire_previous"],
+        version="{{ ti.xcom_pull(task_ids='ramp_and_promote')['previous'] }}")
+    # A safety net for a ramp task that was killed before it could roll back by itself. Jinja,
+    # not XComArgs: it also runs (and skips) when check_conf failed and left no XCom.
+    roll_back = KappaRollbackOperator(
+        task_id="roll_back_on_failure", reason="reprocess run failed", retries=3,
+        job="{{ ti.xcom_pull(task_ids='check_conf', key='job') or '' }}",
+        version="{{ ti.xcom_pull(task_ids='check_conf', key='version') or '' }}",
+        alias="{{ ti.xcom_pull(task_ids='check_conf', key='alias') or '' }}",
+        trigger_rule=TriggerRule.ONE_FAILED)
+
+    deploy >> wait >> validate >> cutover >> retire
+    cutover >> roll_back

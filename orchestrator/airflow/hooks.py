@@ -1,0 +1,134 @@
+"""Settings from Airflow Connections: the PostgreSQL catalog and the Kafka bootstrap servers.
+
+Passwords stay inside Airflow: the task SDK masks a connection's password in task logs, the DSN
+we assemble is masked too, and neither goes to XCom or into a trigger's stored arguments (the
+trigger gets connection ids and fetches the connection itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+if TYPE_CHECKING:
+    from orchestrator.service import Orchestrator
+    from orchestrator.settings import Settings
+
+POSTGRES_CONN_ID = "kappa_postgres"
+KAFKA_CONN_ID = "kappa_kafka"
+# Connection extras that are libpq options; anything else in the extra is ignored.
+_LIBPQ_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
+                  "application_name", "options", "target_session_attrs")
+
+
+def postgres_conninfo(conn: Any) -> str:
+    """A libpq connection string from an Airflow connection (host may be a socket directory)."""
+    from psycopg.conninfo import make_conninfo
+
+    extra = conn.extra_dejson or {}
+    params = {"host": conn.host, "port": conn.port, "user": conn.login,
+              "password": conn.password, "dbname": conn.schema or extra.get("dbname")}
+    params.update({k: extra[k] for k in _LIBPQ_OPTIONS if k in extra})
+    return make_conninfo("", **{k: v for k, v in params.items() if v not in (None, "")})
+
+
+def kafka_bootstrap(conn: Any) -> str:
+    """``bootstrap.servers`` from the extra (as the Apache Kafka provider stores it), else
+    host[:port]."""
+    extra = conn.extra_dejson or {}
+    servers = extra.get("bootstrap.servers") or extra.get("bootstrap_servers")
+    if servers:
+        return str(servers)
+    if not conn.host:
+        raise ValueError(f"connection {conn.conn_id!r} names no Kafka broker: set its host "
+                         "and port, or bootstrap.servers in its extra")
+    return f"{conn.host}:{conn.port}" if conn.port else str(conn.host)
+
+
+def public_settings(settings: Settings) -> dict[str, str]:
+    """Every setting except the DSN, as strings: safe to store with a trigger or in XCom."""
+    return {f.name: str(getattr(settings, f.name)) for f in fields(settings)
+            if f.name != "pg_dsn" and getattr(settings, f.name) is not None}
+
+
+class KappaHook(BaseHook):
+    """Builds the orchestrator's settings (and its facade) for a task or a trigger.
+
+    Non-secret settings resolve as they do for the CLI (KAPPA_* environment, kappa.toml in
+    ``project_dir``), overridden by ``settings``; the catalog DSN and the Kafka bootstrap come
+    from the two connections. A connection that is not defined falls back to the CLI's
+    configuration (e.g. `kappa dev up`), and the task log says so.
+    """
+
+    conn_name_attr = "postgres_conn_id"
+    default_conn_name = POSTGRES_CONN_ID
+    conn_type = "postgres"
+    hook_name = "Kappa orchestrator"
+
+    def __init__(self, postgres_conn_id: str = POSTGRES_CONN_ID,
+                 kafka_conn_id: str = KAFKA_CONN_ID, project_dir: str | None = None,
+                 settings: Mapping[str, Any] | None = None):
+        super().__init__()
+        self.postgres_conn_id, self.kafka_conn_id = postgres_conn_id, kafka_conn_id
+        self.project_dir = Path(project_dir) if project_dir else None
+        self.overrides = dict(settings or {})
+
+    def _base(self) -> Settings:
+        from orchestrator.settings import load_settings
+
+        return load_settings(self.overrides, cwd=self.project_dir)
+
+    def _merge(self, base: Settings, pg: Any | None, kafka: Any | None) -> Settings:
+        from airflow.sdk.log import mask_secret
+
+        changes: dict[str, Any] = {}
+        if pg is not None:
+            changes["pg_dsn"] = postgres_conninfo(pg)
+            mask_secret(changes["pg_dsn"])
+        elif base.pg_dsn:
+            self.log.info("connection %s is not defined: using the PostgreSQL DSN from the "
+                          "kappa configuration (KAPPA_PG_DSN, kappa.toml or `kappa dev up`)",
+                          self.postgres_conn_id)
+        if kafka is not None:
+            changes["kafka_bootstrap"] = kafka_bootstrap(kafka)
+        elif base.kafka_bootstrap:
+            self.log.info("connection %s is not defined: using the Kafka bootstrap from the "
+                          "kappa configuration", self.kafka_conn_id)
+        return replace(base, **changes)
+
+    def settings(self) -> Settings:
+        return self._merge(self._base(), self._connection(self.postgres_conn_id),
+                           self._connection(self.kafka_conn_id))
+
+    async def asettings(self) -> Settings:
+        return self._merge(self._base(), await self._aconnection(self.postgres_conn_id),
+                           await self._aconnection(self.kafka_conn_id))
+
+    def service(self) -> Orchestrator:
+        from orchestrator.service import Orchestrator
+
+        return Orchestrator(self.settings())
+
+    async def aservice(self) -> Orchestrator:
+        from orchestrator.service import Orchestrator
+
+        return Orchestrator(await self.asettings())
+
+    @classmethod
+    def _connection(cls, conn_id: str) -> Any | None:
+        try:
+            return cls.get_connection(conn_id)
+        except AirflowNotFoundException:
+            return None
+
+    @classmethod
+    async def _aconnection(cls, conn_id: str) -> Any | None:
+        try:
+            return await cls.aget_connection(conn_id)
+        except AirflowNotFoundException:
+            return None

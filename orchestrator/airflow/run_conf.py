@@ -1,0 +1,157 @@
+"""What a DAG run asks for, checked before anything is touched (pure: no Airflow, no drivers).
+
+A conf arrives as JSON from a person or a script; each mistake gets one line saying what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.naming import validate_name
+
+REPROCESS_DEFAULTS: dict[str, Any] = {
+    "ramp": [10, 50, 100],
+    "soak_seconds": 60,
+    "max_lag": 0,
+    "retire_previous": False,
+    "alias": None,
+    "catch_up_timeout_minutes": 720,
+}
+EXAMPLE = ('{"job_file": "jobs/pageview_counts/v2.py", "ramp": [10, 50, 100], '
+           '"soak_seconds": 60, "max_lag": 0, "retire_previous": false}')
+
+
+@dataclass(frozen=True)
+class ReprocessRequest:
+    job_file: Path  # absolute, inside the project
+    ramp: tuple[int, ...]  # ends at 100
+    soak_seconds: float
+    max_lag: int
+    retire_previous: bool
+    alias: str | None
+    catch_up_timeout_minutes: float
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    job: str
+    alias: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RetireRequest:
+    job: str
+    version: str
+    drop: bool
+
+
+def _check_keys(conf: Mapping[str, Any], known: set[str], example: str) -> None:
+    unknown = sorted(set(conf) - known)
+    if unknown:
+        raise ConfigError(f"unknown conf key(s) {', '.join(map(repr, unknown))}: known are "
+                          f"{', '.join(sorted(known))}, e.g. {example}")
+
+
+def _number(conf: Mapping[str, Any], key: str, *, integer: bool) -> Any:
+    value = conf[key]
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+        what = "a whole number" if integer else "a number"
+        raise ConfigError(f"conf {key} must be {what}, zero or more; got {value!r}")
+    return value
+
+
+def _flag(conf: Mapping[str, Any], key: str) -> bool:
+    if not isinstance(conf[key], bool):
+        raise ConfigError(f"conf {key} must be true or false; got {conf[key]!r}")
+    return bool(conf[key])
+
+
+def _optional_name(conf: Mapping[str, Any], key: str, what: str) -> str | None:
+    value = conf.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"conf {key} must be a string; got {value!r}")
+    return validate_name(value, what)
+
+
+def parse_ramp(value: Any) -> tuple[int, ...]:
+    ok = isinstance(value, list) and value and all(
+        isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100 for p in value)
+    if not ok or value != sorted(set(value)):
+        raise ConfigError(f"conf ramp must be increasing percentages in 1..100, like "
+                          f"[10, 50, 100]; got {value!r}")
+    return tuple(value) if value[-1] == 100 else (*value, 100)
+
+
+def job_file_in(project_dir: Path, value: Any) -> Path:
+    """The job file, which must lie inside the project: a conf names code that the drivers
+    run, so it may not point anywhere on the worker."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f'conf job_file is required: a path relative to {project_dir}, '
+                          f'e.g. {EXAMPLE}')
+    root = project_dir.resolve()
+    path = (root / value).resolve()
+    if not path.is_relative_to(root):
+        raise ConfigError(f"conf job_file {value!r} is outside the project {root}: "
+                          "job files must live in the project (e.g. jobs/...)")
+    if not path.is_file():
+        raise ConfigError(f"conf job_file {value!r} does not exist under {root}: "
+                          "give a path relative to the project, e.g. jobs/pageview_counts/v2.py")
+    return path
+
+
+def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequest:
+    _check_keys(conf, {"job_file", *REPROCESS_DEFAULTS}, EXAMPLE)
+    merged = {**REPROCESS_DEFAULTS, **conf}
+    return ReprocessRequest(
+        job_file=job_file_in(project_dir, merged.get("job_file")),
+        ramp=parse_ramp(merged["ramp"]),
+        soak_seconds=float(_number(merged, "soak_seconds", integer=False)),
+        max_lag=int(_number(merged, "max_lag", integer=True)),
+        retire_previous=_flag(merged, "retire_previous"),
+        alias=_optional_name(merged, "alias", "alias"),
+        catch_up_timeout_minutes=float(_number(merged, "catch_up_timeout_minutes",
+                                               integer=False)),
+    )
+
+
+def parse_rollback(conf: Mapping[str, Any]) -> RollbackRequest:
+    _check_keys(conf, {"job", "alias", "reason"}, '{"job": "pageview_counts"}')
+    job = _optional_name(conf, "job", "job name")
+    if job is None:
+        raise ConfigError('conf job is required, e.g. {"job": "pageview_counts"}')
+    reason = conf.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ConfigError(f"conf reason must be a string; got {reason!r}")
+    return RollbackRequest(job, _optional_name(conf, "alias", "alias"), reason)
+
+
+def parse_retire(conf: Mapping[str, Any]) -> RetireRequest:
+    example = '{"job": "pageview_counts", "version": "v1", "drop": false}'
+    _check_keys(conf, {"job", "version", "drop"}, example)
+    job = _optional_name(conf, "job", "job name")
+    version = _optional_name(conf, "version", "version")
+    if job is None or version is None:
+        raise ConfigError(f"conf job and version are required, e.g. {example}")
+    return RetireRequest(job, version, _flag({"drop": conf.get("drop", False)}, "drop"))
+
+
+def checked_reprocess(conf: Mapping[str, Any], project_dir: Path) -> dict[str, Any]:
+    """The conf, checked and completed with the job file's name, version and fingerprint: the
+    values later tasks read (from XCom, so nothing secret belongs here)."""
+    from orchestrator.jobspec import load_job_file
+
+    request = parse_reprocess(conf, project_dir)
+    spec = load_job_file(request.job_file)
+    return {"job": spec.name, "version": spec.version, "fingerprint": spec.fingerprint,
+            "job_file": str(request.job_file), "ramp": list(request.ramp),
+            "soak_seconds": request.soak_seconds, "max_lag": request.max_lag,
+            "retire_previous": request.retire_previous, "alias": request.alias,
+            "catch_up_timeout_minutes": request.catch_up_timeout_minutes}
