@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the orchestrator with its development tools, then runs linters and the whole suite.
+# Installs the orchestrator with its development tools and Airflow, then runs linters and the
+# whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+bash scripts/setup.sh dev,airflow
 # A real Prometheus server for the metrics tests, from Debian's packages.
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

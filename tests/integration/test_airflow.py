@@ -1,0 +1,220 @@
+"""The Airflow DAGs against a real Airflow 3 and the real stack (Tansu, PostgreSQL, Spark)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conftest import ROOT, job_file, wait_until
+from integration.airflow_env import (
+    SECRET,
+    airflow,
+    airflow_env,
+    api,
+    dags_test,
+    migrate,
+    standalone,
+    token,
+)
+from integration.helpers import output
+from reference import compute
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+JOB = "pageview_counts"
+DAGS = {"kappa_reprocess", "kappa_rollback", "kappa_retire"}
+DRIVERS = {"psycopg", "confluent_kafka", "pyspark", "pandas", "pyarrow", "orchestrator.service"}
+
+
+def test_every_dag_loads_quickly_and_cleanly(settings, tmp_path: Path) -> None:
+    env = airflow_env(settings, tmp_path / "airflow", tmp_path)
+    migrate(env)
+    # --local: parse dags/ now, rather than read what a DAG processor stored.
+    errors = airflow(env, "dags", "list-import-errors", "--local", "-o", "json")
+    assert errors.returncode == 0, errors.stderr[-2000:]
+    assert json.loads(errors.stdout.strip().splitlines()[-1]) == []
+    # Parse each file as the DAG processor does, after Airflow itself is loaded, and time it.
+    probe = f"""
+import json, runpy, sys, time
+import airflow.sdk
+from airflow.sdk import DAG
+found, slowest = {{}}, 0.0
+for path in sorted(__import__("pathlib").Path({str(ROOT / "dags")!r}).glob("*.py")):
+    start = time.perf_counter()
+    namespace = runpy.run_path(str(path))
+    slowest = max(slowest, time.perf_counter() - start)
+    for value in namespace.values():
+        if isinstance(value, DAG):
+            found[value.dag_id] = sorted(value.task_ids)
+drivers = sorted(m for m in {sorted(DRIVERS)!r} if m in sys.modules)
+print(json.dumps({{"dags": found, "slowest": slowest, "drivers": drivers}}))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, check=True, timeout=120)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["dags"]) == DAGS
+    assert result["dags"]["kappa_reprocess"] == [
+        "check_conf", "deploy", "ramp_and_promote", "retire_previous", "roll_back_on_failure",
+        "validate", "wait_caught_up"]
+    assert result["drivers"] == []  # database, broker and Spark load when a task runs
+    assert result["slowest"] < 0.5, result
+
+
+def _alias(settings) -> dict:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}.{}").format(
+            sql.Identifier(settings.serving_schema), sql.Identifier(JOB))).fetchall()
+    return {url: (views, total) for url, views, total in rows}
+
+
+def _guarded_v3(project: Path, topic: str, catalog_schema: str) -> str:
+    """v2's code as v3, with a guardrail that passes until v3 starts serving, then fails."""
+    source = job_file(project, "v2", topic).read_text()
+    check = (f"SELECT NOT EXISTS (SELECT 1 FROM {catalog_schema}.aliases "
+             "WHERE candidate_version = 'v3')")
+    source = re.sub(r'^VERSION = .*$', 'VERSION = "v3"', source, flags=re.M)
+    source = source.replace("GUARDRAILS = {", f'GUARDRAILS = {{\n    "v3 not serving yet": '
+                                              f'"{check}",', 1)
+    path = project / "jobs" / "pageview_counts_v3.py"
+    path.write_text(source)
+    return "jobs/pageview_counts_v3.py"
+
+
+@pytest.mark.spark
+def test_reprocess_promotes_and_a_failing_guardrail_rolls_back(settings, topic, tmp_path: Path
+                                                              ) -> None:
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    project = tmp_path / "project"
+    env = airflow_env(settings, tmp_path / "airflow", project)
+    migrate(env)
+    service.produce_sample(topic, 10_000, seed=171)
+    for version in ("v1", "v2"):
+        job_file(project, version, topic)
+    v3 = _guarded_v3(project, topic, settings.catalog_schema)
+    outputs: list[str] = []
+    try:
+        # The first version of a job: nothing to validate against, promoted as is.
+        first, _ = dags_test(env, "kappa_reprocess", {
+            "job_file": "jobs/pageview_counts_v1.py", "ramp": [100], "soak_seconds": 0})
+        outputs.append(first.stdout + first.stderr)
+        assert first.returncode == 0, first.stdout[-4000:]
+
+        conf = {"job_file": "jobs/pageview_counts_v2.py", "ramp": [10, 50, 100],
+                "soak_seconds": 2, "max_lag": 0, "retire_previous": False}
+        second, run_id = dags_test(env, "kappa_reprocess", conf)
+        outputs.append(second.stdout + second.stderr)
+        assert second.returncode == 0, second.stdout[-4000:]
+        assert "new_state=deferred" in second.stdout + second.stderr  # the catch-up wait
+        reference = compute(settings.kafka_bootstrap, topic)
+        assert _alias(settings) == reference.v2 == output(settings, f"{JOB}__v2")
+        history = service.history(JOB)
+        assert [(h["action"], h["to"], h["percent"]) for h in history] == [
+            ("promote", "v1", 100), ("ab", "v2", 10), ("ab", "v2", 50), ("promote", "v2", 100)]
+        assert all(f"airflow {run_id}" in h["who"] for h in history[1:])
+        assert {e["kind"] for e in service.events(JOB, "v2") if run_id in e["actor"]} >= {
+            "deploy", "validation", "alias_ab", "alias_promote"}
+
+        # Run again, as a retry or a re-trigger would: nothing is deployed or switched twice.
+        again, _ = dags_test(env, "kappa_reprocess", conf)
+        outputs.append(again.stdout + again.stderr)
+        assert again.returncode == 0, again.stdout[-4000:]
+        assert [e["kind"] for e in service.events(JOB, "v2")].count("deploy") == 1
+        assert service.version_status(JOB, "v2").attempt == 1
+        assert len(service.history(JOB)) == 4
+
+        back, _ = dags_test(env, "kappa_rollback", {"job": JOB})
+        outputs.append(back.stdout + back.stderr)
+        assert back.returncode == 0, back.stdout[-4000:]
+        assert _alias(settings) == reference.v1
+
+        failed, failed_run = dags_test(env, "kappa_reprocess", {
+            "job_file": v3, "ramp": [10, 100], "soak_seconds": 1})
+        text = failed.stdout + failed.stderr
+        outputs.append(text)
+        assert failed.returncode != 0
+        assert "DagRun failed" in text or "state=failed" in text
+        assert re.search(r"rolled back; step 3 \(soak 1s\) failed: .*v3 not serving yet", text)
+        serving = service.serving(JOB)
+        assert (serving.primary, serving.candidate) == ("v1", None)
+        last = service.history(JOB)[-1]
+        assert (last["action"], last["to"]) == ("rollback", "v1")
+        assert f"airflow {failed_run}" in last["who"]
+        assert _alias(settings) == reference.v1
+
+        retired, _ = dags_test(env, "kappa_retire", {"job": JOB, "version": "v3",
+                                                     "drop": True})
+        outputs.append(retired.stdout + retired.stderr)
+        assert retired.returncode == 0, retired.stdout[-4000:]
+        assert service.version_status(JOB, "v3").state.value == "retired"
+
+        # The connection's password is nowhere: not in task output, Airflow's database (XCom,
+        # trigger arguments), our catalog, or a driver's command line.
+        assert not [o for o in outputs if SECRET in o]
+        leaked = [str(p) for p in Path(env["AIRFLOW_HOME"]).rglob("*")
+                  if p.is_file() and SECRET.encode() in p.read_bytes()]
+        assert leaked == []
+        assert SECRET not in json.dumps(service.events(JOB), default=str)
+        for st in service.status(JOB):
+            if st.pid:
+                assert SECRET not in Path(f"/proc/{st.pid}/cmdline").read_text()
+    finally:
+        service.stop_all()
+
+
+@pytest.mark.spark
+def test_standalone_airflow_defers_the_catch_up_and_succeeds(settings, topic, tmp_path: Path
+                                                             ) -> None:
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    project = tmp_path / "project"
+    env = airflow_env(settings, tmp_path / "airflow", project)
+    migrate(env)
+    service.produce_sample(topic, 50_000, seed=181)
+    job_file(project, "v1", topic)
+    try:
+        with standalone(env) as url:
+            tok = token(url, Path(env["AIRFLOW_HOME"]))
+            wait_until(lambda: _dag_known(url, tok), 120, "the DAG processor to load the DAG")
+            run = api(url, tok, "/dags/kappa_reprocess/dagRuns", {
+                "logical_date": None,
+                "conf": {"job_file": "jobs/pageview_counts_v1.py", "ramp": [100],
+                         "soak_seconds": 0}})
+            path = f"/dags/kappa_reprocess/dagRuns/{run['dag_run_id']}"
+            seen: list[str] = []
+
+            def finished() -> str | None:
+                state = api(url, tok, f"{path}/taskInstances/wait_caught_up").get("state")
+                if state and (not seen or seen[-1] != state):
+                    seen.append(state)
+                done = api(url, tok, path)["state"]
+                return done if done in ("success", "failed") else None
+
+            final = wait_until(finished, 480, "the run to finish", poll_s=0.5)
+            logs = (Path(env["AIRFLOW_HOME"]) / "standalone.out").read_text()
+            assert final == "success", (seen, logs[-4000:])
+            assert "deferred" in seen, seen  # no worker slot held during the replay
+            assert seen[-1] == "success"
+        assert service.serving(JOB).primary == "v1"
+        assert service.version_status(JOB, "v1").caught_up()
+    finally:
+        service.stop_all()
+
+
+def _dag_known(url: str, tok: str) -> bool:
+    try:
+        return api(url, tok, "/dags/kappa_reprocess")["dag_id"] == "kappa_reprocess"
+    except OSError:
+        return False

@@ -1,0 +1,122 @@
+"""A DAG run's conf is checked before anything is touched; connections become settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.airflow.hooks import kafka_bootstrap, postgres_conninfo, public_settings
+from orchestrator.airflow.run_conf import (
+    checked_reprocess,
+    parse_ramp,
+    parse_reprocess,
+    parse_retire,
+    parse_rollback,
+)
+from orchestrator.errors import ConfigError, InvalidNameError
+from orchestrator.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+V2 = "jobs/pageview_counts/v2.py"
+
+
+def test_a_minimal_conf_gets_the_defaults() -> None:
+    request = parse_reprocess({"job_file": V2}, ROOT)
+    assert request.job_file == ROOT / V2
+    assert request.ramp == (10, 50, 100)
+    assert (request.soak_seconds, request.max_lag, request.retire_previous) == (60.0, 0, False)
+    assert request.alias is None
+
+
+def test_the_checked_conf_names_the_job_and_is_plain_json() -> None:
+    checked = checked_reprocess({"job_file": V2, "ramp": [25], "soak_seconds": 5}, ROOT)
+    assert (checked["job"], checked["version"]) == ("pageview_counts", "v2")
+    assert checked["ramp"] == [25, 100]  # a ramp always ends serving the new version fully
+    assert checked["fingerprint"].startswith("sha256:")
+    assert json.loads(json.dumps(checked)) == checked  # what XCom stores
+
+
+@pytest.mark.parametrize(("conf", "says"), [
+    ({}, "job_file is required"),
+    ({"job_file": V2, "retire_prevous": True}, "unknown conf key(s) 'retire_prevous'"),
+    ({"job_file": "jobs/none.py"}, "does not exist"),
+    ({"job_file": "../../etc/passwd"}, "outside the project"),
+    ({"job_file": "/etc/passwd"}, "outside the project"),
+    ({"job_file": V2, "ramp": [50, 10]}, "increasing percentages"),
+    ({"job_file": V2, "ramp": [0, 100]}, "increasing percentages"),
+    ({"job_file": V2, "ramp": "10,100"}, "increasing percentages"),
+    ({"job_file": V2, "ramp": []}, "increasing percentages"),
+    ({"job_file": V2, "soak_seconds": -1}, "soak_seconds must be a number"),
+    ({"job_file": V2, "max_lag": 1.5}, "max_lag must be a whole number"),
+    ({"job_file": V2, "max_lag": True}, "max_lag must be a whole number"),
+    ({"job_file": V2, "retire_previous": "yes"}, "retire_previous must be true or false"),
+])
+def test_bad_confs_get_one_line_saying_what_to_fix(conf: dict, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_reprocess(conf, ROOT)
+    assert says in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_hostile_alias_is_refused() -> None:
+    with pytest.raises(InvalidNameError):
+        parse_reprocess({"job_file": V2, "alias": 'x"; drop table y'}, ROOT)
+
+
+def test_ramp_parsing() -> None:
+    assert parse_ramp([100]) == (100,)
+    assert parse_ramp([1, 2, 3]) == (1, 2, 3, 100)
+    with pytest.raises(ConfigError):
+        parse_ramp([10, 10, 100])
+    with pytest.raises(ConfigError):
+        parse_ramp([True, 100])
+
+
+def test_rollback_and_retire_confs() -> None:
+    assert parse_rollback({"job": "pageview_counts"}).job == "pageview_counts"
+    with pytest.raises(ConfigError, match="job is required"):
+        parse_rollback({})
+    with pytest.raises(ConfigError, match="unknown conf key"):
+        parse_rollback({"job": "a", "version": "v1"})
+    retire = parse_retire({"job": "pageview_counts", "version": "v1", "drop": True})
+    assert (retire.version, retire.drop) == ("v1", True)
+    with pytest.raises(ConfigError, match="job and version are required"):
+        parse_retire({"job": "pageview_counts"})
+    with pytest.raises(ConfigError, match="drop must be true or false"):
+        parse_retire({"job": "a", "version": "v1", "drop": "no"})
+
+
+def _conn(**fields: object) -> SimpleNamespace:
+    base = {"conn_id": "c", "host": None, "port": None, "login": None, "password": None,
+            "schema": None, "extra_dejson": {}}
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_a_postgres_connection_becomes_a_libpq_string() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(postgres_conninfo(_conn(
+        host="db.example", port=5433, login="kappa", password="p w'x", schema="catalog",
+        extra_dejson={"sslmode": "require", "unrelated": "ignored"})))
+    assert info == {"host": "db.example", "port": "5433", "user": "kappa", "password": "p w'x",
+                    "dbname": "catalog", "sslmode": "require"}
+    socket = conninfo_to_dict(postgres_conninfo(_conn(host="/run/pg", login="postgres")))
+    assert socket == {"host": "/run/pg", "user": "postgres"}
+
+
+def test_a_kafka_connection_becomes_bootstrap_servers() -> None:
+    assert kafka_bootstrap(_conn(extra_dejson={"bootstrap.servers": "a:9092,b:9092"})) == \
+        "a:9092,b:9092"
+    assert kafka_bootstrap(_conn(host="broker", port=9092)) == "broker:9092"
+    with pytest.raises(ValueError, match="names no Kafka broker"):
+        kafka_bootstrap(_conn())
+
+
+def test_public_settings_leave_out_the_dsn() -> None:
+    settings = Settings(pg_dsn="postgresql://u:secret@h/db", kafka_bootstrap="b:1")
+    public = public_settings(settings)
+    assert "pg_dsn" not in public and "secret" not in json.dumps(public)
+    assert public["kafka_bootstrap"] == "b:1"
