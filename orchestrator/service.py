@@ -36,6 +36,9 @@ from orchestrator.states import RunState
 from orchestrator.switching import Switchboard
 
 Progress = Callable[[VersionStatus], None]
+# Between recording an attempt and recording its driver's PID there is only a process spawn: a
+# run without a PID for this long lost its deploying process.
+_LAUNCH_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,16 @@ class Orchestrator:
             runs.change_state(conn, s.catalog_schema, version, RunState.STARTING,
                               attempt=attempt, pid=None, pid_started=None, app_id=None,
                               heartbeat_at=None, started_at=datetime.now(UTC))
-        process = launcher.launch(s, version.job, version.version, attempt)
+        try:
+            process = launcher.launch(s, version.job, version.version, attempt)
+        except OSError as exc:
+            with conn.transaction():
+                runs.change_state(conn, s.catalog_schema, version, RunState.FAILED,
+                                  reason=f"could not launch the driver: {exc}",
+                                  expect_attempt=attempt)
+            raise KappaError(f"could not launch the driver of {version.job} {version.version}: "
+                             f"{exc}; fix it, then `kappa restart {version.job} "
+                             f"{version.version}`") from exc
         with conn.transaction():
             conn.execute(
                 psycopg.sql.SQL("UPDATE {}.runs SET pid = %s, pid_started = %s, log_path = %s, "
@@ -242,8 +254,13 @@ class Orchestrator:
         reason = None
         if not launcher.is_alive(run.pid, run.pid_started):
             if run.pid is None:
-                return run  # being launched right now
-            reason = f"driver process {run.pid} is gone; last log lines in {run.log_path}"
+                started = run.started_at or datetime.now(UTC)
+                if (datetime.now(UTC) - started).total_seconds() < _LAUNCH_GRACE_S:
+                    return run  # being launched right now
+                reason = (f"the driver was never launched (the process deploying it died); "
+                          f"`kappa restart {v.job} {v.version}`")
+            else:
+                reason = f"driver process {run.pid} is gone; last log lines in {run.log_path}"
         if reason is None:
             return run
         updated = runs.change_state(conn, self.settings.catalog_schema, v, RunState.FAILED,

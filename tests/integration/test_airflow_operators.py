@@ -1,0 +1,93 @@
+"""The operators and the trigger, called directly against the real stack: a retried deploy never
+deploys twice, and the catch-up trigger reports a version that cannot catch up at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import job_file
+from integration.airflow_env import SECRET, airflow_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+JOB = "pageview_counts"
+
+
+@pytest.fixture
+def connections(settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's catalog and broker as Airflow Connections in this process's environment."""
+    env = airflow_env(settings, tmp_path / "airflow", tmp_path)
+    for name, value in env.items():
+        if name.startswith(("AIRFLOW", "KAPPA_")):
+            monkeypatch.setenv(name, value)
+
+
+def test_a_retried_deploy_restarts_instead_of_deploying_twice(
+        settings, topic, tmp_path: Path, connections: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from orchestrator.airflow.operators import KappaDeployOperator
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark import launcher
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_000, seed=191)
+    path = str(job_file(tmp_path, "v1", topic))
+    operator = KappaDeployOperator(task_id="deploy", job_file=path)
+
+    def lost_worker(*_: object, **__: object) -> None:
+        raise OSError("worker lost")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(launcher, "launch", lost_worker)
+        with pytest.raises(AirflowFailException, match="could not launch the driver"):
+            operator.execute({})
+    assert service.version_status(JOB, "v1").state.value == "failed"
+    try:
+        retried = operator.execute({})
+        assert (retried["created"], retried["attempt"]) == (False, 2)
+        assert [e["kind"] for e in service.events(JOB, "v1")].count("deploy") == 1
+        assert service.version_status(JOB, "v1").state.is_active
+        # The same label with other code is refused, not redeployed.
+        other = job_file(tmp_path, "v2", topic).read_text().replace('VERSION = "v2"',
+                                                                    'VERSION = "v1"')
+        changed = tmp_path / "v1_changed.py"
+        changed.write_text(other)
+        with pytest.raises(AirflowFailException, match="v1"):
+            KappaDeployOperator(task_id="again", job_file=str(changed)).execute({})
+    finally:
+        service.stop_all()
+
+
+def test_the_trigger_stores_no_secret_and_reports_a_stopped_version(
+        settings, topic, tmp_path: Path, connections: None) -> None:
+    from orchestrator.airflow.hooks import public_settings
+    from orchestrator.airflow.triggers import KappaCaughtUpTrigger
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_000, seed=193)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    service.stop(JOB, "v1")
+    trigger = KappaCaughtUpTrigger(
+        job=JOB, version="v1", max_lag=0, poll_interval=0.2,
+        postgres_conn_id="kappa_postgres", kafka_conn_id="kappa_kafka",
+        project_dir=str(tmp_path), settings=public_settings(settings))
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "orchestrator.airflow.triggers.KappaCaughtUpTrigger"
+    stored = json.dumps(kwargs)
+    assert SECRET not in stored and settings.pg_dsn not in stored
+    revived = KappaCaughtUpTrigger(**kwargs)
+
+    async def first_event() -> dict:
+        async for event in revived.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    payload = asyncio.run(asyncio.wait_for(first_event(), 60))
+    assert payload["status"] == "error"
+    assert "pageview_counts v1 is stopped" in payload["message"]
