@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Param, TriggerRule, task
+from airflow.sdk import DAG, Param, task
 
 from orchestrator.airflow.operators import (
     KappaCutoverOperator,
@@ -63,7 +63,9 @@ with DAG(
             return checked_reprocess(context["dag_run"].conf or {}, Path(PROJECT_DIR))
 
     request = check_conf()
-    deploy = KappaDeployOperator(task_id="deploy", job_file=request["job_file"])
+    deploy = KappaDeployOperator(task_id="deploy", job_file=request["job_file"],
+                                 expect_version=request["version"],
+                                 expect_fingerprint=request["fingerprint"])
     wait = KappaCaughtUpSensor(
         task_id="wait_caught_up", job=request["job"], version=request["version"],
         max_lag=request["max_lag"], max_wait_minutes=request["catch_up_timeout_minutes"])
@@ -77,14 +79,16 @@ with DAG(
     retire = KappaRetireOperator(
         task_id="retire_previous", job=request["job"], enabled=request["retire_previous"],
         version="{{ ti.xcom_pull(task_ids='ramp_and_promote')['previous'] }}")
-    # A safety net for a ramp task that was killed before it could roll back by itself. Jinja,
-    # not XComArgs: it also runs (and skips) when check_conf failed and left no XCom.
+    # A safety net for a ramp task that was killed, timed out or stopped with the run before it
+    # could roll back by itself: a teardown, so it runs whatever happened upstream (and does
+    # nothing when no cutover is left unfinished). Jinja, not XComArgs: a failed check_conf
+    # leaves no XCom.
     roll_back = KappaRollbackOperator(
-        task_id="roll_back_on_failure", reason="reprocess run failed", retries=3,
+        task_id="roll_back_unfinished", reason="reprocess run did not finish", retries=3,
         job="{{ ti.xcom_pull(task_ids='check_conf', key='job') or '' }}",
         version="{{ ti.xcom_pull(task_ids='check_conf', key='version') or '' }}",
         alias="{{ ti.xcom_pull(task_ids='check_conf', key='alias') or '' }}",
-        trigger_rule=TriggerRule.ONE_FAILED)
+    ).as_teardown(setups=request.operator, on_failure_fail_dagrun=True)
 
     deploy >> wait >> validate >> cutover >> retire
     cutover >> roll_back

@@ -40,5 +40,10 @@ class ServiceUnavailableError(KappaError):
     settings."""
 
 
+class LaunchError(KappaError):
+    """A driver process could not be started (out of processes or memory, say): may pass on a
+    retry."""
+
+
 class LogGapError(KappaError):
     """Retention removed the start of the log: deploy with --allow-gap to replay what is left."""

@@ -145,6 +145,7 @@ class AliasState:
     candidate: str | None
     percent: int
     switches: int  # switches recorded in the alias's history
+    rollback_to: str | None = None  # what `rollback` would serve
 
     def share(self, version: str) -> int:
         """Percent of the keys the alias sends to ``version``."""

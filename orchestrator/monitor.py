@@ -42,7 +42,7 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
                      if (t, p) in stamps else 0.0)
         for (t, p), (start, end) in sorted(bounds.items())
     )
-    alive = run.state.is_active and launcher.is_alive(run.pid, run.pid_started)
+    alive = run.state.is_active and _driver_alive(run, now, settings.heartbeat_interval_s)
     sample = LagSample(at=now, processed=sum(p.processed for p in partitions),
                        log_end=sum(p.log_end for p in partitions),
                        lag_seconds=max((p.lag_seconds for p in partitions), default=0.0),
@@ -89,3 +89,13 @@ def _starting(conn: psycopg.Connection, schema: str, version: DeployedVersion, r
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
+
+
+def _driver_alive(run: RunRecord, now: float, heartbeat_interval_s: float) -> bool:
+    """The process check where the driver runs here; its heartbeats where it runs elsewhere."""
+    local = launcher.driver_alive(run)
+    if local is not None:
+        return local
+    if run.heartbeat_at is None:
+        return run.state == RunState.STARTING
+    return now - run.heartbeat_at.timestamp() < max(30.0, 10 * heartbeat_interval_s)

@@ -18,7 +18,7 @@ from orchestrator.catalog import aliases as alias_rows
 from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
-from orchestrator.errors import KappaError, NotFoundError, StateError
+from orchestrator.errors import KappaError, LaunchError, NotFoundError, StateError
 from orchestrator.jobspec import load_job_file
 from orchestrator.lag import LagState, Thresholds, lag_records, replay_start
 from orchestrator.models import (
@@ -116,16 +116,16 @@ class Orchestrator:
                 runs.change_state(conn, s.catalog_schema, version, RunState.FAILED,
                                   reason=f"could not launch the driver: {exc}",
                                   expect_attempt=attempt)
-            raise KappaError(f"could not launch the driver of {version.job} {version.version}: "
-                             f"{exc}; fix it, then `kappa restart {version.job} "
-                             f"{version.version}`") from exc
+            raise LaunchError(f"could not launch the driver of {version.job} "
+                              f"{version.version}: {exc}; fix it, then `kappa restart "
+                              f"{version.job} {version.version}`") from exc
         with conn.transaction():
             conn.execute(
                 psycopg.sql.SQL("UPDATE {}.runs SET pid = %s, pid_started = %s, log_path = %s, "
                                 "host = %s WHERE version_id = %s AND attempt = %s")
                 .format(psycopg.sql.Identifier(s.catalog_schema)),
-                (process.pid, process.started, str(process.log_path), _hostname(), version.id,
-                 attempt))
+                (process.pid, process.started, str(process.log_path), launcher.this_host(),
+                 version.id, attempt))
             return runs.get(conn, s.catalog_schema, version.id)
 
     # Controlling ---------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class Orchestrator:
             with conn.transaction():
                 runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
                                   reason="stopped by `kappa stop`")
-            launcher.terminate(run.pid, run.pid_started)
+            launcher.stop_driver(run)
             return self._status_of(conn, deployed)
 
     def stop_all(self) -> list[VersionStatus]:
@@ -154,7 +154,7 @@ class Orchestrator:
             run = runs.get(conn, s.catalog_schema, deployed.id)
             if run.state == RunState.RETIRED:
                 raise StateError(f"{job} {version} is retired: deploy a new version instead")
-            launcher.terminate(run.pid, run.pid_started)
+            launcher.stop_driver(run)
             if run.state.is_active:
                 with conn.transaction():
                     runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
@@ -252,7 +252,7 @@ class Orchestrator:
         # A silent driver whose process exists (paused, in a long GC) is not failed: the lag
         # state shows it as stalled. Only a gone process is a failure.
         reason = None
-        if not launcher.is_alive(run.pid, run.pid_started):
+        if launcher.driver_alive(run) is False:
             if run.pid is None:
                 started = run.started_at or datetime.now(UTC)
                 if (datetime.now(UTC) - started).total_seconds() < _LAUNCH_GRACE_S:
@@ -321,8 +321,14 @@ class Orchestrator:
 
     def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None
                  ) -> dict[str, Any]:
+        from orchestrator.plan.cutover import abandon
+
         with self._catalog() as conn:
-            return self._switchboard(conn).rollback(job, alias, reason=reason)
+            switched = self._switchboard(conn).rollback(job, alias, reason=reason)
+            # A cutover still ramping this alias must not carry on over the rollback.
+            abandon(conn, self.settings.catalog_schema, validate_name(alias or job, "alias"),
+                    reason or "rolled back")
+            return switched
 
     def aliases(self) -> list[AliasState]:
         with self._catalog() as conn:
@@ -358,6 +364,14 @@ class Orchestrator:
 
         return Cutover(self, job, version, alias, lambda _: None).abort(reason)
 
+    def cutover_in_progress(self, job: str, alias: str | None = None) -> dict[str, Any] | None:
+        """The alias's unfinished cutover plan ({"plan", "version", "next_step"}), if any."""
+        from orchestrator.plan.cutover import running_plan
+
+        with self._catalog() as conn:
+            return running_plan(conn, self.settings.catalog_schema,
+                                validate_name(alias or job, "alias"))
+
     def serving(self, job: str, alias: str | None = None) -> AliasState | None:
         """What the alias (by default named after the job) serves, or None if it does not
         exist yet."""
@@ -391,8 +405,3 @@ def _version(name: str) -> str:
 def _zero(log_start: Offsets) -> Offsets:
     return {t: dict(ps) for t, ps in log_start.items()}
 
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()

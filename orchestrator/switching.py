@@ -176,7 +176,7 @@ class Switchboard:
                 raise StateError(f"alias {self.s.serving_schema}.{name} would roll back to "
                                  f"{version}: promote again or retire without --drop")
         run = runs.get(self.conn, schema, target.id)
-        launcher.terminate(run.pid, run.pid_started)
+        launcher.stop_driver(run)
         with self.conn.transaction():
             if run.state.is_active:
                 runs.change_state(self.conn, schema, target, RunState.STOPPED,

@@ -86,20 +86,30 @@ class KappaHook(BaseHook):
     def _merge(self, base: Settings, pg: Any | None, kafka: Any | None) -> Settings:
         from airflow.sdk.log import mask_secret
 
+        from orchestrator.errors import ConfigError
+
         changes: dict[str, Any] = {}
         if pg is not None:
             changes["pg_dsn"] = postgres_conninfo(pg)
-            mask_secret(changes["pg_dsn"])
         elif base.pg_dsn:
-            self.log.info("connection %s is not defined: using the PostgreSQL DSN from the "
-                          "kappa configuration (KAPPA_PG_DSN, kappa.toml or `kappa dev up`)",
-                          self.postgres_conn_id)
+            self.log.warning("Airflow connection %s is not defined: using the PostgreSQL DSN "
+                             "from the kappa configuration (KAPPA_PG_DSN, kappa.toml or `kappa "
+                             "dev up`)", self.postgres_conn_id)
         if kafka is not None:
             changes["kafka_bootstrap"] = kafka_bootstrap(kafka)
         elif base.kafka_bootstrap:
-            self.log.info("connection %s is not defined: using the Kafka bootstrap from the "
-                          "kappa configuration", self.kafka_conn_id)
-        return replace(base, **changes)
+            self.log.warning("Airflow connection %s is not defined: using the Kafka bootstrap "
+                             "from the kappa configuration", self.kafka_conn_id)
+        settings = replace(base, **changes)
+        if settings.pg_dsn:
+            mask_secret(settings.pg_dsn)
+        missing = [f"{conn_id} ({kind})" for conn_id, kind, value in (
+            (self.postgres_conn_id, "PostgreSQL", settings.pg_dsn),
+            (self.kafka_conn_id, "Kafka", settings.kafka_bootstrap)) if not value]
+        if missing:
+            raise ConfigError(f"define the Airflow connection(s) {', '.join(missing)}: "
+                              "`airflow connections add ...`, see the README's Airflow section")
+        return settings
 
     def settings(self) -> Settings:
         return self._merge(self._base(), self._connection(self.postgres_conn_id),

@@ -24,11 +24,11 @@ _CONNECTION_FIELDS = ("postgres_conn_id", "kafka_conn_id", "project_dir")
 
 @contextmanager
 def failing_clearly() -> Iterator[None]:
-    from orchestrator.errors import KappaError, ServiceUnavailableError
+    from orchestrator.errors import KappaError, LaunchError, ServiceUnavailableError
 
     try:
         yield
-    except ServiceUnavailableError as exc:
+    except (ServiceUnavailableError, LaunchError) as exc:
         raise AirflowException(str(exc)) from exc
     except KappaError as exc:
         raise AirflowFailException(str(exc)) from exc
@@ -65,11 +65,14 @@ class KappaDeployOperator(KappaBaseOperator):
     checkpoint instead, when ``restart_stopped``). The same label with other code is refused.
     """
 
-    template_fields: Sequence[str] = ("job_file",)
+    template_fields: Sequence[str] = ("job_file", "expect_version", "expect_fingerprint")
 
-    def __init__(self, *, job_file: str, restart_stopped: bool = True, **kwargs: Any):
+    def __init__(self, *, job_file: str, restart_stopped: bool = True,
+                 expect_version: str | None = None, expect_fingerprint: str | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.job_file, self.restart_stopped = job_file, restart_stopped
+        self.expect_version, self.expect_fingerprint = expect_version, expect_fingerprint
 
     def execute(self, context: Any) -> dict[str, Any]:
         from orchestrator.jobspec import load_job_file
@@ -77,6 +80,14 @@ class KappaDeployOperator(KappaBaseOperator):
 
         with failing_clearly():
             spec = load_job_file(self.job_file)
+            expected = (self.expect_version or spec.version,
+                        self.expect_fingerprint or spec.fingerprint)
+            if (spec.version, spec.fingerprint) != expected:
+                # The later tasks of this run wait on and switch to what was checked.
+                raise AirflowFailException(
+                    f"{self.job_file} changed since this run checked it (now {spec.version}, "
+                    f"{spec.fingerprint[:19]}; checked {expected[0]}, {expected[1][:19]}): "
+                    "trigger a new run")
             service = self.service()
             result = service.deploy(spec.path)
             status = result.status
@@ -151,27 +162,52 @@ class KappaCutoverOperator(KappaBaseOperator):
         self.ramp, self.soak_seconds = ramp, soak_seconds
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from orchestrator.states import RunState
+
+        alias = self.alias or None
         with failing_clearly():
             service = self.service()
-            serving = service.serving(self.job, self.alias or None)
+            serving = service.serving(self.job, alias)
             if serving is None or serving.primary is None:
+                state = service.version_status(self.job, self.version).state
+                if state not in (RunState.CAUGHT_UP, RunState.LIVE):
+                    raise AirflowFailException(f"{self.job} {self.version} is {state.value}, "
+                                               "not caught up: it cannot be served")
+                # Nothing to validate against, so the missing validation is overridden, and
+                # the history says why.
                 switched = service.promote(
-                    self.job, self.version, self.alias or None, force=True,
+                    self.job, self.version, alias, force=True,
                     reason=run_reason(context, "first version: nothing served to validate "
                                                "against"))
                 self.log.info("promoted the first version: %s", switched)
                 return {"previous": None, "status": "promoted", "alias": switched["alias"]}
-            if serving.primary == self.version and serving.candidate is None:
+            unfinished = service.cutover_in_progress(self.job, alias)
+            if unfinished is None and serving.primary == self.version and \
+                    serving.candidate is None:
                 self.log.info("alias %s already serves %s: nothing to switch", serving.alias,
                               self.version)
-                return {"previous": None, "status": "unchanged", "alias": serving.alias}
-            previous = serving.primary
+                return {"previous": serving.rollback_to, "status": "unchanged",
+                        "alias": serving.alias}
+            # After a retry the switch to this version may have committed already.
+            previous = serving.rollback_to if serving.primary == self.version \
+                else serving.primary
             result = service.cutover(self.job, self.version,
                                      ramp=[int(p) for p in self.ramp],
                                      soak_seconds=float(self.soak_seconds),
-                                     alias=self.alias or None, say=self.log.info)
+                                     alias=alias, say=self.log.info)
             return {"previous": previous, "status": result["status"], "plan": result["plan"],
                     "steps": result["steps"], "alias": result["alias"]}
+
+    def on_kill(self) -> None:
+        """Killed mid-ramp (a timeout, the run marked failed): undo the unfinished plan now."""
+        try:
+            plan = self.service().abort_cutover(
+                self.job, self.version, reason=f"the {self.task_id} task was killed",
+                alias=self.alias or None)
+        except Exception as exc:  # the teardown task tries again
+            self.log.warning("could not roll back on kill (%s)", exc)
+        else:
+            self.log.info("rolled back cutover plan %s on kill", plan)
 
 
 class KappaRollbackOperator(KappaBaseOperator):

@@ -5,6 +5,7 @@ A conf arrives as JSON from a person or a script; each mistake gets one line say
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,8 @@ def _check_keys(conf: Mapping[str, Any], known: set[str], example: str) -> None:
 def _number(conf: Mapping[str, Any], key: str, *, integer: bool) -> Any:
     value = conf[key]
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) \
+            or value < 0:
         what = "a whole number" if integer else "a number"
         raise ConfigError(f"conf {key} must be {what}, zero or more; got {value!r}")
     return value

@@ -3,6 +3,7 @@ while a replay runs for hours."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -12,6 +13,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from orchestrator.airflow.hooks import KAFKA_CONN_ID, POSTGRES_CONN_ID, KappaHook
 from orchestrator.airflow.operators import failing_clearly
+
+_BACKSTOP_S = 300
 
 
 class KappaCaughtUpSensor(BaseSensorOperator):
@@ -63,14 +66,17 @@ class KappaCaughtUpSensor(BaseSensorOperator):
         from orchestrator.airflow.triggers import KappaCaughtUpTrigger
 
         settings = public_settings(self._hook().settings())
+        timeout_s = self._timeout_s()
         self.defer(
             trigger=KappaCaughtUpTrigger(
                 job=self.job, version=self.version, max_lag=int(self.max_lag),
                 poll_interval=float(self.poke_interval),
                 postgres_conn_id=self.postgres_conn_id, kafka_conn_id=self.kafka_conn_id,
-                project_dir=self.project_dir, settings=settings),
+                project_dir=self.project_dir, settings=settings,
+                deadline=time.time() + timeout_s),
             method_name="execute_complete",
-            timeout=timedelta(seconds=self._timeout_s()))
+            # The trigger reports its own deadline with the lag; this is a backstop.
+            timeout=timedelta(seconds=timeout_s + _BACKSTOP_S))
         return None  # not reached: defer() raises
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:

@@ -20,9 +20,10 @@ class KappaCaughtUpTrigger(BaseTrigger):
 
     def __init__(self, *, job: str, version: str, max_lag: int, poll_interval: float,
                  postgres_conn_id: str, kafka_conn_id: str, project_dir: str | None,
-                 settings: dict[str, str]):
+                 settings: dict[str, str], deadline: float | None = None):
         super().__init__()
         self.job, self.version, self.max_lag = job, version, max_lag
+        self.deadline = deadline  # epoch seconds; a resumed trigger keeps the original one
         self.poll_interval = poll_interval
         self.postgres_conn_id, self.kafka_conn_id = postgres_conn_id, kafka_conn_id
         self.project_dir, self.settings = project_dir, settings
@@ -32,7 +33,7 @@ class KappaCaughtUpTrigger(BaseTrigger):
             "job": self.job, "version": self.version, "max_lag": self.max_lag,
             "poll_interval": self.poll_interval, "postgres_conn_id": self.postgres_conn_id,
             "kafka_conn_id": self.kafka_conn_id, "project_dir": self.project_dir,
-            "settings": self.settings})
+            "settings": self.settings, "deadline": self.deadline})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from orchestrator.airflow.hooks import KappaHook
@@ -64,4 +65,11 @@ class KappaCaughtUpTrigger(BaseTrigger):
                     return
                 self.log.info("%s %s: %s, %s records behind", self.job, self.version,
                               status.state.value, status.lag_records)
+                if self.deadline is not None and time.time() >= self.deadline:
+                    yield TriggerEvent({"status": "timeout", "message": (
+                        f"{self.job} {self.version} has not caught up in time: "
+                        f"{status.state.value}, {status.lag_records} records behind. It keeps "
+                        f"running: raise catch_up_timeout_minutes and clear this task, or "
+                        f"`kappa lag {self.job}` / `kappa stop {self.job} {self.version}`")})
+                    return
             await asyncio.sleep(self.poll_interval)

@@ -38,10 +38,11 @@ def find(conn: psycopg.Connection, schema: str, alias: str) -> dict[str, Any] | 
 
 
 def overview(conn: psycopg.Connection, schema: str) -> list[tuple[Any, ...]]:
-    """(job, alias, primary, candidate, percent, switches) for every alias."""
+    """(job, alias, primary, candidate, percent, switches, rollback_to) for every alias."""
     return conn.execute(sql.SQL(
         "SELECT a.job, a.name, a.primary_version, a.candidate_version, a.percent, "
-        "(SELECT count(*) FROM {h} h WHERE h.alias = a.name) FROM {a} a ORDER BY a.name").format(
+        "(SELECT count(*) FROM {h} h WHERE h.alias = a.name), a.rollback_version "
+        "FROM {a} a ORDER BY a.name").format(
         a=qualified(schema, "aliases"), h=qualified(schema, "alias_history"))).fetchall()
 
 

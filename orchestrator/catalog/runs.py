@@ -83,10 +83,13 @@ def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion
 
 
 def heartbeat(conn: psycopg.Connection, schema: str, version_id: int, attempt: int) -> bool:
-    """Record that the driver of ``attempt`` is alive; False if a restart replaced it."""
+    """Record that the driver of ``attempt`` is alive; False if a restart replaced it or its
+    run was stopped (perhaps from another host, which cannot signal it): it must exit."""
+    active = [state.value for state in RunState if state.is_active]
     cur = conn.execute(
-        sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE version_id = %s AND attempt = %s")
-        .format(qualified(schema, "runs")), (version_id, attempt))
+        sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE version_id = %s AND attempt = %s "
+                "AND state = ANY(%s)").format(qualified(schema, "runs")),
+        (version_id, attempt, active))
     return cur.rowcount == 1
 
 

@@ -11,12 +11,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from orchestrator.catalog import aliases, events
 from orchestrator.catalog.db import qualified
-from orchestrator.errors import KappaError, StateError
+from orchestrator.errors import KappaError, ServiceUnavailableError, StateError
 from orchestrator.lag import LagState, Thresholds
 from orchestrator.naming import validate_name
 from orchestrator.plan.stages import Ramp, Stage, Validate, build, from_json, to_json
@@ -46,9 +47,12 @@ class Cutover:
         stages, start = self._plan(build(ramp, soak_seconds))
         for index in range(start, len(stages)):
             stage = stages[index]
+            self._check_still_running()
             self.say(f"step {index + 1}/{len(stages)}: {describe(stage)}")
             try:
                 self._visit(stage)
+            except ServiceUnavailableError:
+                raise  # the plan stays running: the same command resumes it once they are back
             except KappaError as exc:
                 reason = f"step {index + 1} ({describe(stage)}) failed: {exc}"
                 self._roll_back(reason)
@@ -58,6 +62,17 @@ class Cutover:
         return {"plan": self.plan_id, "job": self.job, "version": self.version,
                 "alias": self.alias, "status": "succeeded",
                 "steps": [describe(s) for s in stages]}
+
+    def _check_still_running(self) -> None:
+        """Stop if someone rolled back or aborted this plan while it ran (a manual rollback
+        during a soak must not be undone by the next ramp step)."""
+        with self.service._catalog() as conn:
+            row = conn.execute(sql.SQL("SELECT status, reason FROM {} WHERE id = %s").format(
+                qualified(self.schema, "cutover_plans")), (self.plan_id,)).fetchone()
+        if row is not None and row[0] != "running":
+            raise StateError(f"cutover plan {self.plan_id} of {self.job} {self.version} was "
+                             f"{row[0]} while it ran ({row[1]}); start a new cutover to try "
+                             "again")
 
     def abort(self, reason: str) -> int | None:
         """Roll back this version's unfinished cutover plan (its runner was killed or timed
@@ -123,6 +138,7 @@ class Cutover:
         deadline = time.monotonic() + seconds
         limits = Thresholds(window_s=max(5.0, min(30.0, seconds)))
         while True:
+            self._check_still_running()
             for lag in self.service.lag(self.job, limits=limits):
                 if lag.version in (baseline, self.version) and lag.state in _UNHEALTHY:
                     raise KappaError(f"{self.job} {lag.version} is {lag.state} during the soak")
@@ -178,9 +194,25 @@ class Cutover:
         with self.service._catalog() as conn, conn.transaction():
             conn.execute(sql.SQL(
                 "UPDATE {} SET next_step = COALESCE(%s, next_step), status = %s, reason = %s, "
-                "updated_at = now() WHERE id = %s").format(
+                "updated_at = now() WHERE id = %s AND status = 'running'").format(
                 qualified(self.schema, "cutover_plans")),
                 (next_step, status, reason, self.plan_id))
             events.record(conn, self.schema, "cutover_step", job=self.job,
                           version=self.version, plan=self.plan_id, next_step=next_step,
                           status=status, reason=reason)
+
+
+def running_plan(conn: psycopg.Connection, schema: str, alias: str) -> dict[str, Any] | None:
+    row = conn.execute(sql.SQL(
+        "SELECT id, version, next_step FROM {} WHERE alias = %s AND status = 'running'")
+        .format(qualified(schema, "cutover_plans")), (alias,)).fetchone()
+    return None if row is None else {"plan": row[0], "version": row[1], "next_step": row[2]}
+
+
+def abandon(conn: psycopg.Connection, schema: str, alias: str, reason: str) -> None:
+    """Mark the alias's running plan rolled back (its runner stops before its next step)."""
+    with conn.transaction():
+        conn.execute(sql.SQL(
+            "UPDATE {} SET status = 'rolled_back', reason = %s, updated_at = now() "
+            "WHERE alias = %s AND status = 'running'").format(
+            qualified(schema, "cutover_plans")), (reason, alias))

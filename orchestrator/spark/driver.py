@@ -134,7 +134,8 @@ class BatchSink:
 
 
 class Heartbeat(threading.Thread):
-    """Beats into the catalog; ends the process if a restart has replaced this attempt."""
+    """Beats into the catalog; ends the process if a restart has replaced this attempt or its
+    run was stopped."""
 
     def __init__(self, settings: Settings, dsn: str, version_id: int, attempt: int):
         super().__init__(name="kappa-heartbeat", daemon=True)
@@ -155,7 +156,8 @@ class Heartbeat(threading.Thread):
                 conn = None
                 continue
             if not alive:
-                log.error("attempt %d was replaced by a restart; exiting", self.attempt)
+                log.error("attempt %d was replaced by a restart or stopped; exiting",
+                          self.attempt)
                 os._exit(3)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -12,8 +13,13 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.models import RunRecord
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
+
+# What a task runner sets for its own process; a driver outlives the task, so neither its events
+# nor its environment should carry the task's identity or its connections.
+_TASK_ONLY_ENV = ("AIRFLOW_CTX_", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,7 @@ class DriverProcess:
 
 
 def driver_environment(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_TASK_ONLY_ENV)}
     env.update(settings.driver_environment())
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -47,6 +53,26 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
     except psutil.NoSuchProcess:
         started = 0.0
     return DriverProcess(pid, started, log_path)
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def driver_alive(run: RunRecord) -> bool | None:
+    """Whether the run's driver process exists; None when it runs on another host (a worker
+    elsewhere, seen from a triggerer), where only its heartbeats tell."""
+    if run.host and run.host != this_host():
+        return None
+    return is_alive(run.pid, run.pid_started)
+
+
+def stop_driver(run: RunRecord) -> None:
+    """Terminate the run's driver if it runs on this host. One on another host stops itself at
+    its next heartbeat, which finds its run no longer active."""
+    if run.host and run.host != this_host():
+        return
+    terminate(run.pid, run.pid_started)
 
 
 def is_alive(pid: int | None, started: float | None) -> bool:

@@ -62,7 +62,7 @@ print(json.dumps({{"dags": found, "slowest": slowest, "drivers": drivers}}))
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["dags"]) == DAGS
     assert result["dags"]["kappa_reprocess"] == [
-        "check_conf", "deploy", "ramp_and_promote", "retire_previous", "roll_back_on_failure",
+        "check_conf", "deploy", "ramp_and_promote", "retire_previous", "roll_back_unfinished",
         "validate", "wait_caught_up"]
     assert result["drivers"] == []  # database, broker and Spark load when a task runs
     assert result["slowest"] < 0.5, result

@@ -28,7 +28,7 @@ def connections(settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_retried_deploy_restarts_instead_of_deploying_twice(
         settings, topic, tmp_path: Path, connections: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     from orchestrator.airflow.operators import KappaDeployOperator
     from orchestrator.service import Orchestrator
@@ -44,8 +44,9 @@ def test_a_retried_deploy_restarts_instead_of_deploying_twice(
 
     with monkeypatch.context() as patched:
         patched.setattr(launcher, "launch", lost_worker)
-        with pytest.raises(AirflowFailException, match="could not launch the driver"):
+        with pytest.raises(AirflowException, match="could not launch the driver") as info:
             operator.execute({})
+        assert not isinstance(info.value, AirflowFailException)  # the task's retries apply
     assert service.version_status(JOB, "v1").state.value == "failed"
     try:
         retried = operator.execute({})
@@ -59,6 +60,11 @@ def test_a_retried_deploy_restarts_instead_of_deploying_twice(
         changed.write_text(other)
         with pytest.raises(AirflowFailException, match="v1"):
             KappaDeployOperator(task_id="again", job_file=str(changed)).execute({})
+        # A file edited after the run checked it is refused too.
+        with pytest.raises(AirflowFailException, match="changed since this run checked it"):
+            KappaDeployOperator(task_id="checked", job_file=str(changed),
+                                expect_version="v1",
+                                expect_fingerprint=retried["fingerprint"]).execute({})
     finally:
         service.stop_all()
 

@@ -90,3 +90,36 @@ def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_p
     steps = [(h["action"], h["to"]) for h in service.history(JOB)]
     assert steps == [("promote", "v1"), ("ab", "v2"), ("rollback", "v1")]
     assert _plan(settings)[1] == "rolled_back"
+
+
+def test_a_manual_rollback_during_a_soak_ends_the_cutover(service, settings, topic,
+                                                          tmp_path: Path) -> None:
+    import threading
+
+    from orchestrator.errors import KappaError
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 5_000, seed=161)
+    for version in ("v1", "v2"):
+        service.deploy(job_file(tmp_path, version, topic))
+    prepare(service, JOB)
+    failure: list[BaseException] = []
+
+    def cut_over() -> None:
+        try:
+            Orchestrator(settings).cutover(JOB, "v2", ramp=[10, 50, 100], soak_seconds=60)
+        except KappaError as exc:
+            failure.append(exc)
+
+    runner = threading.Thread(target=cut_over)
+    runner.start()
+    wait_until(lambda: (_plan(settings) or (0,))[0] >= 2, 120, "the 10 % step")
+    service.rollback(JOB, reason="operator saw a bad dashboard")
+    runner.join(60)
+    assert not runner.is_alive()
+    assert failure and "rolled_back while it ran" in str(failure[0])
+    steps = [(h["action"], h["to"]) for h in service.history(JOB)]
+    assert steps == [("promote", "v1"), ("ab", "v2"), ("rollback", "v1")]  # no 50 % step after
+    assert _plan(settings)[1:] == ("rolled_back", "operator saw a bad dashboard")

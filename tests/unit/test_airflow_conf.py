@@ -50,6 +50,8 @@ def test_the_checked_conf_names_the_job_and_is_plain_json() -> None:
     ({"job_file": V2, "ramp": "10,100"}, "increasing percentages"),
     ({"job_file": V2, "ramp": []}, "increasing percentages"),
     ({"job_file": V2, "soak_seconds": -1}, "soak_seconds must be a number"),
+    ({"job_file": V2, "soak_seconds": float("nan")}, "soak_seconds must be a number"),
+    ({"job_file": V2, "catch_up_timeout_minutes": float("inf")}, "must be a number"),
     ({"job_file": V2, "max_lag": 1.5}, "max_lag must be a whole number"),
     ({"job_file": V2, "max_lag": True}, "max_lag must be a whole number"),
     ({"job_file": V2, "retire_previous": "yes"}, "retire_previous must be true or false"),
