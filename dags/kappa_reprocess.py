@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param
 
 from orchestrator.airflow.operators import (
     KappaCutoverOperator,
@@ -26,6 +25,7 @@ from orchestrator.airflow.operators import (
     KappaValidateOperator,
 )
 from orchestrator.airflow.sensors import KappaCaughtUpSensor
+from orchestrator.airflow.tasks import check_conf
 
 # Relative job files resolve against the project holding this dags/ folder.
 PROJECT_DIR = os.environ.get("KAPPA_PROJECT_DIR") or str(Path(__file__).resolve().parents[1])
@@ -52,17 +52,7 @@ with DAG(
         "catch_up_timeout_minutes": Param(720, type="number", minimum=0),
     },
 ) as dag:
-
-    @task(multiple_outputs=True, retries=0)
-    def check_conf(**context: Any) -> dict[str, object]:
-        """Validate the whole conf up front (unknown keys included) and read the job file."""
-        from orchestrator.airflow.operators import failing_clearly
-        from orchestrator.airflow.run_conf import checked_reprocess
-
-        with failing_clearly():
-            return checked_reprocess(context["dag_run"].conf or {}, Path(PROJECT_DIR))
-
-    request = check_conf()
+    request = check_conf("reprocess", PROJECT_DIR)
     deploy = KappaDeployOperator(task_id="deploy", job_file=request["job_file"],
                                  expect_version=request["version"],
                                  expect_fingerprint=request["fingerprint"])

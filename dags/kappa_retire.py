@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param
 
 from orchestrator.airflow.operators import KappaRetireOperator
+from orchestrator.airflow.tasks import check_conf
 
 PROJECT_DIR = os.environ.get("KAPPA_PROJECT_DIR") or str(Path(__file__).resolve().parents[1])
 
@@ -30,17 +30,6 @@ with DAG(
         "drop": Param(False, type="boolean", description="also drop its tables"),
     },
 ) as dag:
-
-    @task(multiple_outputs=True)
-    def check_conf(**context: Any) -> dict[str, object]:
-        from dataclasses import asdict
-
-        from orchestrator.airflow.operators import failing_clearly
-        from orchestrator.airflow.run_conf import parse_retire
-
-        with failing_clearly():
-            return asdict(parse_retire(context["dag_run"].conf or {}))
-
-    request = check_conf()
+    request = check_conf("retire", PROJECT_DIR)
     KappaRetireOperator(task_id="retire", job=request["job"], version=request["version"],
                         drop=request["drop"])

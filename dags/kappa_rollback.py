@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param
 
 from orchestrator.airflow.operators import KappaRollbackOperator
+from orchestrator.airflow.tasks import check_conf
 
 PROJECT_DIR = os.environ.get("KAPPA_PROJECT_DIR") or str(Path(__file__).resolve().parents[1])
 
@@ -30,17 +30,6 @@ with DAG(
         "reason": Param(None, type=["null", "string"]),
     },
 ) as dag:
-
-    @task(multiple_outputs=True)
-    def check_conf(**context: Any) -> dict[str, object]:
-        from dataclasses import asdict
-
-        from orchestrator.airflow.operators import failing_clearly
-        from orchestrator.airflow.run_conf import parse_rollback
-
-        with failing_clearly():
-            return asdict(parse_rollback(context["dag_run"].conf or {}))
-
-    request = check_conf()
+    request = check_conf("rollback", PROJECT_DIR)
     KappaRollbackOperator(task_id="rollback", job=request["job"], alias=request["alias"],
                           reason=request["reason"])

@@ -157,3 +157,14 @@ def checked_reprocess(conf: Mapping[str, Any], project_dir: Path) -> dict[str, A
             "soak_seconds": request.soak_seconds, "max_lag": request.max_lag,
             "retire_previous": request.retire_previous, "alias": request.alias,
             "catch_up_timeout_minutes": request.catch_up_timeout_minutes}
+
+
+def checked(kind: str, conf: Mapping[str, Any], project_dir: Path) -> dict[str, Any]:
+    """The checked conf of a ``reprocess``, ``rollback`` or ``retire`` run, as XCom values."""
+    from dataclasses import asdict
+
+    if kind == "reprocess":
+        return checked_reprocess(conf, project_dir)
+    if kind == "rollback":
+        return asdict(parse_rollback(conf))
+    return asdict(parse_retire(conf))

@@ -68,6 +68,23 @@ print(json.dumps({{"dags": found, "slowest": slowest, "drivers": drivers}}))
     assert result["slowest"] < 0.5, result
 
 
+def _prepared(settings, topic: str, tmp_path: Path, count: int, seed: int, versions: tuple
+              ) -> tuple:
+    """A serving schema of its own, an Airflow home, a log and job files in a project.
+    Returns (settings, service, project, airflow environment)."""
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    project = tmp_path / "project"
+    env = airflow_env(settings, tmp_path / "airflow", project)
+    migrate(env)
+    service.produce_sample(topic, count, seed=seed)
+    for version in versions:
+        job_file(project, version, topic)
+    return settings, service, project, env
+
+
 def _alias(settings) -> dict:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         rows = conn.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}.{}").format(
@@ -91,16 +108,8 @@ def _guarded_v3(project: Path, topic: str, catalog_schema: str) -> str:
 @pytest.mark.spark
 def test_reprocess_promotes_and_a_failing_guardrail_rolls_back(settings, topic, tmp_path: Path
                                                               ) -> None:
-    from orchestrator.service import Orchestrator
-
-    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
-    service = Orchestrator(settings)
-    project = tmp_path / "project"
-    env = airflow_env(settings, tmp_path / "airflow", project)
-    migrate(env)
-    service.produce_sample(topic, 10_000, seed=171)
-    for version in ("v1", "v2"):
-        job_file(project, version, topic)
+    settings, service, project, env = _prepared(settings, topic, tmp_path, 10_000, 171,
+                                                ("v1", "v2"))
     v3 = _guarded_v3(project, topic, settings.catalog_schema)
     outputs: list[str] = []
     try:
@@ -175,15 +184,7 @@ def test_reprocess_promotes_and_a_failing_guardrail_rolls_back(settings, topic, 
 @pytest.mark.spark
 def test_standalone_airflow_defers_the_catch_up_and_succeeds(settings, topic, tmp_path: Path
                                                              ) -> None:
-    from orchestrator.service import Orchestrator
-
-    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
-    service = Orchestrator(settings)
-    project = tmp_path / "project"
-    env = airflow_env(settings, tmp_path / "airflow", project)
-    migrate(env)
-    service.produce_sample(topic, 50_000, seed=181)
-    job_file(project, "v1", topic)
+    settings, service, _, env = _prepared(settings, topic, tmp_path, 50_000, 181, ("v1",))
     try:
         with standalone(env) as url:
             tok = token(url, Path(env["AIRFLOW_HOME"]))

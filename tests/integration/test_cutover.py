@@ -31,16 +31,23 @@ def _plan(settings) -> tuple | None:
             .format(sql.Identifier(settings.catalog_schema))).fetchone()
 
 
-def test_cutover_resumes_after_a_crash_and_promotes(service, settings, topic, tmp_path: Path
-                                                    ) -> None:
+def _v1_serving_v2_ready(settings, topic: str, tmp_path: Path, count: int, seed: int):
+    """Its own serving schema; v1 and v2 deployed and caught up; v1 served. Returns
+    (settings, service)."""
     from orchestrator.service import Orchestrator
 
     settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
     service = Orchestrator(settings)
-    service.produce_sample(topic, 10_000, seed=141)
+    service.produce_sample(topic, count, seed=seed)
     for version in ("v1", "v2"):
         service.deploy(job_file(tmp_path, version, topic))
     prepare(service, JOB)
+    return settings, service
+
+
+def test_cutover_resumes_after_a_crash_and_promotes(service, settings, topic, tmp_path: Path
+                                                    ) -> None:
+    settings, service = _v1_serving_v2_ready(settings, topic, tmp_path, 10_000, seed=141)
     env = dict(os.environ, **settings.driver_environment())
     args = [str(Path(sys.executable).with_name("kappa")), "cutover", JOB, "v2",
             "--ramp", "10,50,100", "--soak", "4"]
@@ -99,12 +106,7 @@ def test_a_manual_rollback_during_a_soak_ends_the_cutover(service, settings, top
     from orchestrator.errors import KappaError
     from orchestrator.service import Orchestrator
 
-    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
-    service = Orchestrator(settings)
-    service.produce_sample(topic, 5_000, seed=161)
-    for version in ("v1", "v2"):
-        service.deploy(job_file(tmp_path, version, topic))
-    prepare(service, JOB)
+    settings, service = _v1_serving_v2_ready(settings, topic, tmp_path, 5_000, seed=161)
     failure: list[BaseException] = []
 
     def cut_over() -> None:

@@ -41,7 +41,8 @@ def test_importing_a_subpackage_loads_no_driver() -> None:
     import sys
 
     drivers = set(DRIVERS) - {"airflow"}
-    code = ("import sys, orchestrator.airflow.operators, orchestrator.airflow.sensors; "
+    code = ("import sys, orchestrator.airflow.operators, orchestrator.airflow.sensors, "
+            "orchestrator.airflow.tasks; "
             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {drivers!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
