@@ -107,8 +107,9 @@ class KappaHook(BaseHook):
             (self.postgres_conn_id, "PostgreSQL", settings.pg_dsn),
             (self.kafka_conn_id, "Kafka", settings.kafka_bootstrap)) if not value]
         if missing:
-            raise ConfigError(f"define the Airflow connection(s) {', '.join(missing)}: "
-                              "`airflow connections add ...`, see the README's Airflow section")
+            raise ConfigError(f"define the Airflow connection(s) {', '.join(missing)} (an "
+                              "AIRFLOW_CONN_<ID> variable or your secrets backend); see the "
+                              "README's Airflow section")
         return settings
 
     def settings(self) -> Settings:

@@ -122,3 +122,14 @@ def test_public_settings_leave_out_the_dsn() -> None:
     public = public_settings(settings)
     assert "pg_dsn" not in public and "secret" not in json.dumps(public)
     assert public["kafka_bootstrap"] == "b:1"
+
+
+def test_missing_connections_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.airflow.hooks import KappaHook
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    for name in ("KAPPA_PG_DSN", "KAPPA_KAFKA_BOOTSTRAP", "KAPPA_CONFIG", "KAPPA_STATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError) as info:
+        KappaHook("no_such_pg", "no_such_kafka", project_dir=str(tmp_path)).settings()
+    assert "no_such_pg (PostgreSQL), no_such_kafka (Kafka)" in str(info.value)
