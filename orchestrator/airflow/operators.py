@@ -207,7 +207,8 @@ class KappaCutoverOperator(KappaBaseOperator):
         except Exception as exc:  # the teardown task tries again
             self.log.warning("could not roll back on kill (%s)", exc)
         else:
-            self.log.info("rolled back cutover plan %s on kill", plan)
+            self.log.info("killed: %s", "no unfinished cutover" if plan is None
+                          else f"rolled back cutover plan {plan}")
 
 
 class KappaRollbackOperator(KappaBaseOperator):

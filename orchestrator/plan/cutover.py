@@ -42,9 +42,16 @@ class Cutover:
         self.alias = validate_name(alias or job, "alias")
         self.schema = service.settings.catalog_schema
         self.plan_id = 0
+        self.failed_with: str | None = None  # a resumed plan whose check had failed
 
     def run(self, ramp: list[int], soak_seconds: float) -> dict[str, Any]:
         stages, start = self._plan(build(ramp, soak_seconds))
+        if self.failed_with is not None:
+            # A check failed, but rolling back did not finish (the catalog was unreachable):
+            # finish it rather than resume the ramp.
+            self._roll_back(self.failed_with)
+            raise KappaError(f"cutover of {self.job} {self.version} rolled back; "
+                             f"{self.failed_with}")
         for index in range(start, len(stages)):
             stage = stages[index]
             self._check_still_running()
@@ -55,6 +62,7 @@ class Cutover:
                 raise  # the plan stays running: the same command resumes it once they are back
             except KappaError as exc:
                 reason = f"step {index + 1} ({describe(stage)}) failed: {exc}"
+                self._advance(None, "running", reason)  # in case the rollback fails too
                 self._roll_back(reason)
                 raise KappaError(f"cutover of {self.job} {self.version} rolled back; {reason}")\
                     from exc
@@ -168,10 +176,10 @@ class Cutover:
         table = qualified(self.schema, "cutover_plans")
         with self.service._catalog() as conn, conn.transaction():
             row = conn.execute(sql.SQL(
-                "SELECT id, version, steps, next_step FROM {} WHERE alias = %s "
+                "SELECT id, version, steps, next_step, reason FROM {} WHERE alias = %s "
                 "AND status = 'running' FOR UPDATE").format(table), (self.alias,)).fetchone()
             if row is not None:
-                plan_id, version, steps, next_step = row
+                plan_id, version, steps, next_step, self.failed_with = row
                 if version != self.version or steps != to_json(stages):
                     raise StateError(
                         f"cutover plan {plan_id} of {self.job} {version} is still running on "

@@ -139,10 +139,11 @@ def token(url: str, home: Path) -> str:
         return str(json.loads(response.read())["access_token"])
 
 
-def api(url: str, tok: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def api(url: str, tok: str, path: str, body: dict[str, Any] | None = None,
+        method: str | None = None) -> Any:
     request = urllib.request.Request(
         f"{url}/api/v2{path}", data=json.dumps(body).encode() if body is not None else None,
-        method="POST" if body is not None else "GET",
+        method=method or ("POST" if body is not None else "GET"),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {tok}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())

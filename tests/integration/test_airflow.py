@@ -182,9 +182,10 @@ def test_reprocess_promotes_and_a_failing_guardrail_rolls_back(settings, topic, 
 
 
 @pytest.mark.spark
-def test_standalone_airflow_defers_the_catch_up_and_succeeds(settings, topic, tmp_path: Path
-                                                             ) -> None:
-    settings, service, _, env = _prepared(settings, topic, tmp_path, 50_000, 181, ("v1",))
+def test_standalone_airflow_defers_the_catch_up_and_rolls_back_a_stopped_run(
+        settings, topic, tmp_path: Path) -> None:
+    settings, service, _, env = _prepared(settings, topic, tmp_path, 50_000, 181,
+                                          ("v1", "v2"))
     try:
         with standalone(env) as url:
             tok = token(url, Path(env["AIRFLOW_HOME"]))
@@ -208,8 +209,24 @@ def test_standalone_airflow_defers_the_catch_up_and_succeeds(settings, topic, tm
             assert final == "success", (seen, logs[-4000:])
             assert "deferred" in seen, seen  # no worker slot held during the replay
             assert seen[-1] == "success"
-        assert service.serving(JOB).primary == "v1"
-        assert service.version_status(JOB, "v1").caught_up()
+            assert service.serving(JOB).primary == "v1"
+            assert service.version_status(JOB, "v1").caught_up()
+
+            # Stopping a run half-way through its ramp (marking it failed) rolls back.
+            second = api(url, tok, "/dags/kappa_reprocess/dagRuns", {
+                "logical_date": None,
+                "conf": {"job_file": "jobs/pageview_counts_v2.py", "ramp": [10, 100],
+                         "soak_seconds": 600}})
+            wait_until(lambda: service.serving(JOB).candidate == "v2", 480,
+                       "the 10 % step of v2")
+            api(url, tok, f"/dags/kappa_reprocess/dagRuns/{second['dag_run_id']}",
+                {"state": "failed"}, method="PATCH")
+            wait_until(lambda: service.serving(JOB).candidate is None, 120,
+                       "the ramp to be rolled back")
+            assert service.serving(JOB).primary == "v1"
+            assert service.cutover_in_progress(JOB) is None
+            last = service.history(JOB)[-1]
+            assert (last["action"], last["to"]) == ("rollback", "v1")
     finally:
         service.stop_all()
 

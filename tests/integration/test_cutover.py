@@ -71,9 +71,9 @@ def test_cutover_resumes_after_a_crash_and_promotes(service, settings, topic, tm
     assert _plan(settings)[:2] == (6, "succeeded")
 
 
-def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_path: Path
-                                                 ) -> None:
-    from orchestrator.errors import KappaError
+def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.errors import KappaError, ServiceUnavailableError
     from orchestrator.service import Orchestrator
 
     settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
@@ -89,6 +89,18 @@ def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_p
     path.write_text(source)
     service.deploy(path)
     prepare(service, JOB)
+
+    # The catalog goes away just as the rollback starts: the plan keeps the failure...
+    def unreachable(*_: object, **__: object) -> None:
+        raise ServiceUnavailableError("PostgreSQL is unreachable")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(service, "rollback", unreachable)
+        with pytest.raises(ServiceUnavailableError):
+            service.cutover(JOB, "v2", ramp=[10, 100], soak_seconds=1)
+    assert service.serving(JOB).candidate == "v2"
+    assert _plan(settings)[1] == "running"
+    # ...and running it again finishes the rollback instead of resuming the ramp.
     with pytest.raises(KappaError) as info:
         service.cutover(JOB, "v2", ramp=[10, 100], soak_seconds=1)
     message = str(info.value)
