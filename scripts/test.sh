@@ -7,7 +7,7 @@ bash scripts/setup.sh dev,airflow
 # A real Prometheus server for the metrics tests, from Debian's packages.
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    # Not fatal: without it the Prometheus test says why it did not run.
+    # Not fatal here: without it the Prometheus test says why it did not run (and fails in CI).
     apt-get update -qq || true
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
       >/dev/null || echo "could not install prometheus from Debian" >&2
