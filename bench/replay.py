@@ -16,20 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from psycopg import sql
 
 from orchestrator.catalog.db import connect
-from orchestrator.service import Orchestrator
-from orchestrator.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,21 +72,11 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    from bench.stack import bench_stack
 
-    workdir = Path(tempfile.mkdtemp(prefix="kappa-bench-"))
-    settings = load_settings({"state_dir": str(workdir / "state")}, cwd=workdir)
-    own_stack = not (settings.pg_dsn and settings.kafka_bootstrap)
-    if own_stack:
-        from orchestrator.dev import stack
-
-        up = stack.up(settings.state_dir)
-        settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
-    tag = uuid.uuid4().hex[:8]
-    topic, version = f"bench_{tag}", f"b{tag}"
-    settings = replace(settings, catalog_schema=f"kappa_bench_{tag}",
-                       data_schema=f"kappa_bench_data_{tag}")
-    service = Orchestrator(settings)
-    try:
+    with bench_stack("replay") as (settings, service, workdir, tag):
+        topic, version = f"bench_{tag}", f"b{tag}"
         produced = service.produce_sample(topic, args.count, seed=1)
         raw = raw_read_rate(settings.kafka_bootstrap or "", topic, produced)
 
@@ -112,14 +97,6 @@ def main() -> int:
             "dead_letters": status.dead_letters,
         }
         service.stop("pageview_counts", version)
-    finally:
-        with connect(settings.pg_dsn or "", autocommit=True) as conn:
-            for schema in (settings.catalog_schema, settings.data_schema):
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                    sql.Identifier(schema)))
-        if own_stack:
-            stack.down(settings.state_dir)
-        shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

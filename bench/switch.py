@@ -147,35 +147,19 @@ def prepare(service: Any, job: str) -> None:
 def main() -> int:
     import argparse
     import re
-    import shutil
-    import tempfile
-    import uuid
-    from dataclasses import replace
     from pathlib import Path
 
-    from orchestrator.service import Orchestrator
-    from orchestrator.settings import load_settings
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))  # run as a script: bench/ is not a package on the path
+    from bench.stack import bench_stack
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--switches", type=int, default=50)
     parser.add_argument("--readers", type=int, default=32)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    root = Path(__file__).resolve().parents[1]
-    workdir = Path(tempfile.mkdtemp(prefix="kappa-bench-switch-"))
-    settings = load_settings({"state_dir": str(workdir / "state")}, cwd=workdir)
-    own_stack = not (settings.pg_dsn and settings.kafka_bootstrap)
-    if own_stack:
-        from orchestrator.dev import stack
-
-        up = stack.up(settings.state_dir)
-        settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
-    tag = uuid.uuid4().hex[:8]
-    settings = replace(settings, catalog_schema=f"kappa_bs_{tag}",
-                       data_schema=f"kappa_bs_data_{tag}", serving_schema=f"serving_bs_{tag}")
-    service = Orchestrator(settings)
-    topic = f"bench_switch_{tag}"
-    try:
+    with bench_stack("switch", serving=True) as (settings, service, workdir, tag):
+        topic = f"bench_switch_{tag}"
         service.produce_sample(topic, 50_000, seed=3)
         for version in ("v1", "v2"):
             source = (root / "jobs" / "pageview_counts" / f"{version}.py").read_text()
@@ -186,18 +170,6 @@ def main() -> int:
         prepare(service, "pageview_counts")
         outcome = run_scenario(service, settings, "pageview_counts", switches=args.switches,
                                readers=args.readers)
-    finally:
-        for st in service.status():
-            if st.pid:
-                service.stop(st.job, st.version)
-        with psycopg.connect(settings.pg_dsn or "", autocommit=True) as conn:
-            for schema in (settings.serving_schema, settings.catalog_schema,
-                           settings.data_schema):
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                    sql.Identifier(schema)))
-        if own_stack:
-            stack.down(settings.state_dir)
-        shutil.rmtree(workdir, ignore_errors=True)
     result = outcome.summary()
     print(json.dumps(result, indent=2) if args.json else
           "\n".join(f"{k:32} {v}" for k, v in result.items()))

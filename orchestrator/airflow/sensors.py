@@ -6,13 +6,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from orchestrator.airflow.hooks import KAFKA_CONN_ID, POSTGRES_CONN_ID, KappaHook
 from orchestrator.airflow.operators import failing_clearly
+
+if TYPE_CHECKING:
+    from orchestrator.service import Orchestrator
 
 _BACKSTOP_S = 300
 
@@ -49,9 +52,12 @@ class KappaCaughtUpSensor(BaseSensorOperator):
         return float(self.max_wait_minutes) * 60
 
     def poke(self, context: Any) -> bool:
+        return self._caught_up(self._hook().service())
+
+    def _caught_up(self, service: Orchestrator) -> bool:
         with failing_clearly():
-            status = self._hook().service().catch_up_progress(
-                self.job, self.version, max_lag=int(self.max_lag))
+            status = service.catch_up_progress(self.job, self.version,
+                                               max_lag=int(self.max_lag))
         self.log.info("%s %s: %s, %s records behind", self.job, self.version,
                       status.state.value, status.lag_records)
         return status.caught_up(int(self.max_lag))
@@ -60,19 +66,20 @@ class KappaCaughtUpSensor(BaseSensorOperator):
         if not self.deferrable:
             self.timeout = self._timeout_s()
             return super().execute(context)
-        if self.poke(context):
-            return {"deferred": False}
         from orchestrator.airflow.hooks import public_settings
         from orchestrator.airflow.triggers import KappaCaughtUpTrigger
+        from orchestrator.service import Orchestrator
 
-        settings = public_settings(self._hook().settings())
+        settings = self._hook().settings()
+        if self._caught_up(Orchestrator(settings)):
+            return {"deferred": False}
         timeout_s = self._timeout_s()
         self.defer(
             trigger=KappaCaughtUpTrigger(
                 job=self.job, version=self.version, max_lag=int(self.max_lag),
                 poll_interval=float(self.poke_interval),
                 postgres_conn_id=self.postgres_conn_id, kafka_conn_id=self.kafka_conn_id,
-                project_dir=self.project_dir, settings=settings,
+                project_dir=self.project_dir, settings=public_settings(settings),
                 deadline=time.time() + timeout_s),
             method_name="execute_complete",
             # The trigger reports its own deadline with the lag; this is a backstop.

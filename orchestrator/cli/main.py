@@ -11,6 +11,23 @@ from orchestrator.cli.output import ProgressBar, print_json, status_table, table
 from orchestrator.errors import KappaError
 
 
+def _command(sub: Any, name: str, text: str, *positionals: str, alias: bool = False,
+             json: bool = True) -> argparse.ArgumentParser:
+    """A subcommand with its positionals ("job?" is optional), ``--alias`` for the alias
+    commands, and ``--json`` for scripts."""
+    c: argparse.ArgumentParser = sub.add_parser(name, help=text)
+    for arg in positionals:
+        if arg.endswith("?"):
+            c.add_argument(arg[:-1], nargs="?")
+        else:
+            c.add_argument(arg)
+    if alias:
+        c.add_argument("--alias")
+    if json:
+        c.add_argument("--json", action="store_true")
+    return c
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kappa", description="Kappa-architecture reprocessing "
                                 "orchestrator: replay versioned PySpark jobs from the log.")
@@ -20,45 +37,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("deploy", help="register a job version and start replaying it")
-    d.add_argument("job_file")
+    d = _command(sub, "deploy", "register a job version and start replaying it", "job_file")
     d.add_argument("--wait", action="store_true", help="wait until it has caught up")
     d.add_argument("--timeout", type=float, help="seconds to wait with --wait")
     d.add_argument("--allow-gap", action="store_true",
                    help="deploy even if retention removed the start of the log")
-    d.add_argument("--json", action="store_true")
 
-    s = sub.add_parser("status", help="every version: state, driver, table, offsets, lag")
-    s.add_argument("job", nargs="?")
-    s.add_argument("--json", action="store_true")
+    _command(sub, "status", "every version: state, driver, table, offsets, lag", "job?")
+    _command(sub, "stop", "stop a version's driver", "job", "version")
+    _command(sub, "restart", "resume a version from its checkpoint", "job", "version")
 
-    for name, text in (("stop", "stop a version's driver"),
-                       ("restart", "resume a version from its checkpoint")):
-        c = sub.add_parser(name, help=text)
-        c.add_argument("job")
-        c.add_argument("version")
-        c.add_argument("--json", action="store_true")
-
-    w = sub.add_parser("wait", help="wait until a version has caught up")
-    w.add_argument("job")
-    w.add_argument("version")
+    w = _command(sub, "wait", "wait until a version has caught up", "job", "version")
     w.add_argument("--max-lag", type=int, default=0, help="records behind that count as caught up")
     w.add_argument("--timeout", type=float)
-    w.add_argument("--json", action="store_true")
 
-    lg = sub.add_parser("lag", help="records and time behind the log end, rates, ETA, state")
-    lg.add_argument("job", nargs="?")
+    lg = _command(sub, "lag", "records and time behind the log end, rates, ETA, state", "job?")
     lg.add_argument("--version")
     lg.add_argument("--partitions", action="store_true", help="one row per partition")
     lg.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
     lg.add_argument("--interval", type=float, default=2.0)
     lg.add_argument("--window", type=float, default=30.0,
                     help="evaluation window in seconds for rates and states")
-    lg.add_argument("--json", action="store_true")
 
     for name, text in (("agent", "long-running agent: serves the Prometheus exporter"),
                        ("metrics", "Prometheus exporter (`kappa metrics serve`)")):
-        m = sub.add_parser(name, help=text)
+        m = _command(sub, name, text, json=False)
         if name == "metrics":
             m.add_argument("action", choices=["serve"])
         m.add_argument("--host", default="127.0.0.1")
@@ -66,73 +69,46 @@ def _parser() -> argparse.ArgumentParser:
         m.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
         m.add_argument("--window", type=float, default=30.0, help="evaluation window, seconds")
 
-    pr = sub.add_parser("promote", help="switch an alias to a version")
-    pr.add_argument("job")
-    pr.add_argument("version")
-    pr.add_argument("--alias")
+    pr = _command(sub, "promote", "switch an alias to a version", "job", "version", alias=True)
     pr.add_argument("--force", action="store_true",
                     help="promote even if not caught up or not validated (needs --reason)")
     pr.add_argument("--reason")
-    pr.add_argument("--json", action="store_true")
 
-    ab = sub.add_parser("ab", help="serve PERCENT %% of the keys from a version")
-    ab.add_argument("job")
-    ab.add_argument("version")
+    ab = _command(sub, "ab", "serve PERCENT %% of the keys from a version", "job", "version",
+                  alias=True)
     ab.add_argument("--percent", type=int, required=True)
-    ab.add_argument("--alias")
     ab.add_argument("--reason")
-    ab.add_argument("--json", action="store_true")
 
-    rb = sub.add_parser("rollback", help="back to what the alias served before this cutover")
-    rb.add_argument("job")
-    rb.add_argument("--alias")
+    rb = _command(sub, "rollback", "back to what the alias served before this cutover", "job",
+                  alias=True)
     rb.add_argument("--reason")
-    rb.add_argument("--json", action="store_true")
 
-    co = sub.add_parser("cutover", help="validate, ramp with soaks and checks, promote")
-    co.add_argument("job")
-    co.add_argument("version")
+    co = _command(sub, "cutover", "validate, ramp with soaks and checks, promote", "job",
+                  "version", alias=True)
     co.add_argument("--ramp", default="10,50,100", help="percentages, e.g. 10,50,100")
     co.add_argument("--soak", type=float, default=60.0, help="seconds at each step")
-    co.add_argument("--alias")
-    co.add_argument("--json", action="store_true")
 
-    hi = sub.add_parser("history", help="every switch of the job's aliases")
-    hi.add_argument("job")
-    hi.add_argument("--alias")
-    hi.add_argument("--json", action="store_true")
-
-    df = sub.add_parser("diff", help="compare two versions' tables by key; run guardrails")
-    df.add_argument("job")
-    df.add_argument("version_a")
-    df.add_argument("version_b")
-    df.add_argument("--json", action="store_true")
-
-    rt = sub.add_parser("retire", help="stop a version for good; --drop its table too")
-    rt.add_argument("job")
-    rt.add_argument("version")
+    _command(sub, "history", "every switch of the job's aliases", "job", alias=True)
+    _command(sub, "diff", "compare two versions' tables by key; run guardrails", "job",
+             "version_a", "version_b")
+    rt = _command(sub, "retire", "stop a version for good; --drop its table too", "job",
+                  "version")
     rt.add_argument("--drop", action="store_true")
-    rt.add_argument("--json", action="store_true")
 
-    e = sub.add_parser("events", help="the orchestrator's event log")
-    e.add_argument("job", nargs="?")
+    e = _command(sub, "events", "the orchestrator's event log", "job?")
     e.add_argument("--version")
-    e.add_argument("--json", action="store_true")
 
-    ps = sub.add_parser("produce-sample", help="produce the deterministic sample page views")
+    ps = _command(sub, "produce-sample", "produce the deterministic sample page views")
     ps.add_argument("--topic", default="pageviews")
     ps.add_argument("--count", type=int, default=200_000)
     ps.add_argument("--seed", type=int, default=1)
     ps.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
-    ps.add_argument("--json", action="store_true")
 
-    dev = sub.add_parser("dev", help="the embedded PostgreSQL and Kafka-protocol broker")
+    dev = _command(sub, "dev", "the embedded PostgreSQL and Kafka-protocol broker")
     dev.add_argument("action", choices=["up", "down", "status", "env"])
-    dev.add_argument("--json", action="store_true")
 
-    demo = sub.add_parser("demo", help="the whole story on the embedded default")
+    demo = _command(sub, "demo", "the whole story on the embedded default")
     demo.add_argument("--count", type=int, default=200_000)
-    demo.add_argument("--json", action="store_true")
     return p
 
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import job_file, wait_until
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output
 from integration.observability import free_port as _free_port
+from integration.observability import stop_process
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -52,12 +53,7 @@ def spark_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         for proc in (worker, master):
             if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop_process(proc)
 
 
 def test_replay_on_a_standalone_cluster_is_exact(service, settings, spark_master: str, topic,

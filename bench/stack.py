@@ -1,0 +1,52 @@
+"""A benchmark's own world: the embedded stack in a temporary directory (or the services that
+KAPPA_PG_DSN and KAPPA_KAFKA_BOOTSTRAP name), uuid-tagged schemas, and a clean-up that stops
+every driver, drops the schemas and the stack it started."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from psycopg import sql
+
+from orchestrator.catalog.db import connect
+from orchestrator.service import Orchestrator
+from orchestrator.settings import load_settings
+
+
+@contextmanager
+def bench_stack(name: str, serving: bool = False) -> Iterator[tuple[Any, Orchestrator, Path, str]]:
+    """Yields (settings, service, work directory, tag)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"kappa-bench-{name}-"))
+    settings = load_settings({"state_dir": str(workdir / "state")}, cwd=workdir)
+    own_stack = not (settings.pg_dsn and settings.kafka_bootstrap)
+    if own_stack:
+        from orchestrator.dev import stack
+
+        up = stack.up(settings.state_dir)
+        settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
+    tag = uuid.uuid4().hex[:8]
+    settings = replace(settings, catalog_schema=f"kappa_bench_{tag}",
+                       data_schema=f"kappa_bench_data_{tag}",
+                       **({"serving_schema": f"serving_bench_{tag}"} if serving else {}))
+    service = Orchestrator(settings)
+    try:
+        yield settings, service, workdir, tag
+    finally:
+        for st in service.status():
+            if st.pid:
+                service.stop(st.job, st.version)
+        with connect(settings.pg_dsn or "", autocommit=True) as conn:
+            schemas = [settings.catalog_schema, settings.data_schema]
+            for schema in schemas + ([settings.serving_schema] if serving else []):
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    sql.Identifier(schema)))
+        if own_stack:
+            stack.down(settings.state_dir)
+        shutil.rmtree(workdir, ignore_errors=True)
