@@ -1,8 +1,9 @@
-"""Read a job file's declarations without running it.
+"""Read a job's declarations without running it.
 
-A job file is plain Python: module-level literals declare what the job is, and ``transform``
-turns a DataFrame of parsed events into the output DataFrame. Reading the literals with ``ast``
-keeps the CLI free of pyspark and refuses a bad file before anything is registered.
+A job is plain Python: module-level literals declare what the job is, and ``transform`` turns the
+events into the output DataFrame. A job is one file, or a directory (a package) whose ``job.py``
+holds the declarations and which may hold helper modules. Reading the literals with ``ast`` keeps
+the CLI free of pyspark and refuses a bad job before anything is registered.
 """
 
 from __future__ import annotations
@@ -13,37 +14,102 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import JobFileError
-from orchestrator.models import EVENT_TYPES, MERGE_RULES, OUTPUT_TYPES, JobSpec
+from orchestrator.models import (
+    DELETE_COLUMN,
+    KAFKA_COLUMNS,
+    MERGE_RULES,
+    MODES,
+    OUTPUT_MODES,
+    OUTPUT_TYPES,
+    TOMBSTONE_RULES,
+    JobSpec,
+    TopicInput,
+)
 from orchestrator.naming import NAME_PATTERN, validate_name
+from orchestrator.schema import Struct, check_non_negative, from_flat, parse_ddl
 
-REQUIRED = ("NAME", "VERSION", "TOPICS", "EVENT_SCHEMA", "KEY_COLUMNS", "OUTPUT_SCHEMA")
-OPTIONAL = ("NON_NEGATIVE", "MERGE", "GUARDRAILS")
+REQUIRED = ("NAME", "VERSION", "TOPICS", "KEY_COLUMNS", "OUTPUT_SCHEMA")
+OPTIONAL = ("EVENT_SCHEMA", "EVENT_SCHEMAS", "NON_NEGATIVE", "MERGE", "GUARDRAILS", "MODE",
+            "OUTPUT_MODE", "TOMBSTONES")
 TRANSFORM = "transform"
+ENTRY_FILE = "job.py"  # the declarations of a directory job
+# A directory job is code, not data: these bound an accidental deploy of a data folder.
+_MAX_FILES = 200
+_MAX_BYTES = 10 * 1024 * 1024
+_SKIPPED_DIRS = {"__pycache__"}
 
 
 def fingerprint(source: str) -> str:
     return "sha256:" + hashlib.sha256(source.encode()).hexdigest()
 
 
+def files_fingerprint(files: tuple[tuple[str, bytes], ...]) -> str:
+    """One digest over every file's path and content, independent of the listing order."""
+    digest = hashlib.sha256()
+    for path, content in sorted(files):
+        digest.update(f"{path}\0{hashlib.sha256(content).hexdigest()}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
 def load_job_file(path: str | Path) -> JobSpec:
+    """Load a job file, or a job directory (a package with ``job.py`` and helper modules)."""
     path = Path(path)
+    if path.is_dir():
+        return _load_directory(path)
     try:
-        source = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        source = data.decode("utf-8")
     except FileNotFoundError as exc:
-        raise JobFileError(f"job file {path} does not exist: give the path of a job's .py file") \
-            from exc
+        raise JobFileError(f"job file {path} does not exist: give the path of a job's .py file "
+                           "or directory") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise JobFileError(f"cannot read job file {path}: {exc}") from exc
-    return parse_job_source(source, str(path))
+    return parse_job_source(source, str(path), files=((path.name, data),), entry=path.name)
 
 
-def parse_job_source(source: str, path: str) -> JobSpec:
+def _load_directory(root: Path) -> JobSpec:
+    entry = root / ENTRY_FILE
+    if not entry.is_file():
+        raise JobFileError(f"job directory {root} has no {ENTRY_FILE}: put the declarations and "
+                           "transform() there, helpers beside it")
+    files: list[tuple[str, bytes]] = []
+    total = 0
+    for file in sorted(root.rglob("*")):
+        relative = file.relative_to(root)
+        if not file.is_file() or file.suffix == ".pyc" or any(
+                part in _SKIPPED_DIRS or part.startswith(".") for part in relative.parts):
+            continue
+        try:
+            content = file.read_bytes()
+        except OSError as exc:
+            raise JobFileError(f"cannot read {file}: {exc}") from exc
+        total += len(content)
+        files.append((relative.as_posix(), content))
+        if len(files) > _MAX_FILES or total > _MAX_BYTES:
+            raise JobFileError(f"job directory {root} holds more than {_MAX_FILES} files or "
+                               f"{_MAX_BYTES // 2**20} MiB: keep only the job's code in it")
+    source = dict(files)[ENTRY_FILE].decode("utf-8", errors="replace")
+    return parse_job_source(source, str(root), files=tuple(files), entry=ENTRY_FILE)
+
+
+def parse_job_source(source: str, path: str, *, files: tuple[tuple[str, bytes], ...] = (),
+                     entry: str = "") -> JobSpec:
+    entry = entry or Path(path).name
+    files = files or ((entry, source.encode()),)
+    where = path if len(files) == 1 else f"{path}/{entry}"
     try:
-        tree = ast.parse(source, filename=path)
+        tree = ast.parse(source, filename=where)
     except SyntaxError as exc:
         raise JobFileError(
-            f"{path}:{exc.lineno}: syntax error ({exc.msg}): fix the file and deploy again"
+            f"{where}:{exc.lineno}: syntax error ({exc.msg}): fix the file and deploy again"
         ) from exc
+    for name, content in files:
+        if name != entry and name.endswith(".py"):
+            try:
+                ast.parse(content, filename=name)
+            except (SyntaxError, ValueError) as exc:
+                raise JobFileError(f"{path}/{name}: syntax error ({exc}): fix the file and "
+                                   "deploy again") from exc
 
     literals: dict[str, Any] = {}
     has_transform = False
@@ -63,116 +129,223 @@ def parse_job_source(source: str, path: str) -> JobSpec:
                     literals[target.id] = ast.literal_eval(value)
                 except ValueError as exc:
                     raise JobFileError(
-                        f"{path}: {target.id} must be a literal (string, list or dict)"
+                        f"{where}: {target.id} must be a literal (string, list or dict)"
                     ) from exc
 
     missing = [name for name in REQUIRED if name not in literals]
+    if "EVENT_SCHEMA" not in literals and "EVENT_SCHEMAS" not in literals:
+        missing.append("EVENT_SCHEMA")
     if not has_transform:
         missing.append("def transform(events)")
     if missing:
         raise JobFileError(
-            f"{path}: missing declaration(s) {', '.join(missing)}: see jobs/pageview_counts/v1.py"
+            f"{where}: missing declaration(s) {', '.join(missing)}: see jobs/pageview_counts/v1.py"
         )
-    return _build_spec(literals, source, path)
+    fp = fingerprint(source) if len(files) == 1 else files_fingerprint(files)
+    return _build_spec(literals, source, where, path, files, entry, fp)
 
 
-def _build_spec(lit: dict[str, Any], source: str, path: str) -> JobSpec:
-    name = validate_name(_str(lit, "NAME", path), "job name")
-    version = validate_name(_str(lit, "VERSION", path), "version")
-    topics = tuple(_str_list(lit, "TOPICS", path))
-    if not topics:
-        raise JobFileError(f"{path}: TOPICS must name at least one topic")
-    event_schema = _typed_map(lit, "EVENT_SCHEMA", EVENT_TYPES, path)
-    output_schema = _typed_map(lit, "OUTPUT_SCHEMA", OUTPUT_TYPES, path)
-    for column, _ in output_schema:
-        if NAME_PATTERN.fullmatch(column) is None:
-            raise JobFileError(f"{path}: output column {column!r} must match [a-z][a-z0-9_]*")
+def _build_spec(lit: dict[str, Any], source: str, where: str, path: str,
+                files: tuple[tuple[str, bytes], ...], entry: str, fp: str) -> JobSpec:
+    name = validate_name(_str(lit, "NAME", where), "job name")
+    version = validate_name(_str(lit, "VERSION", where), "version")
+    mode = _choice(lit, "MODE", MODES, "batch", where)
+    output_mode = _choice(lit, "OUTPUT_MODE", OUTPUT_MODES, "upsert", where)
+    inputs, per_topic = _inputs(lit, where)
+
+    output_schema = _output_schema(lit, where)
     columns = [c for c, _ in output_schema]
-    keys = tuple(_str_list(lit, "KEY_COLUMNS", path))
+    keys = tuple(_str_list(lit, "KEY_COLUMNS", where))
     if not keys or any(k not in columns for k in keys):
-        raise JobFileError(f"{path}: KEY_COLUMNS must be a non-empty subset of OUTPUT_SCHEMA")
-    fields = [f for f, _ in event_schema]
-    non_negative = tuple(_str_list(lit, "NON_NEGATIVE", path, default=[]))
-    bad = [f for f in non_negative if f not in fields]
-    if bad:
-        raise JobFileError(f"{path}: NON_NEGATIVE names unknown event field(s) {bad}")
+        raise JobFileError(f"{where}: KEY_COLUMNS must be a non-empty subset of OUTPUT_SCHEMA")
     merge_raw = lit.get("MERGE", {})
     if not isinstance(merge_raw, dict) or any(
         not isinstance(k, str) or v not in MERGE_RULES for k, v in merge_raw.items()
     ):
-        raise JobFileError(f"{path}: MERGE maps value columns to one of {', '.join(MERGE_RULES)}")
+        raise JobFileError(f"{where}: MERGE maps value columns to one of {', '.join(MERGE_RULES)}")
+    if merge_raw and output_mode == "append":
+        raise JobFileError(f"{where}: MERGE applies to OUTPUT_MODE = \"upsert\"; an append job "
+                           "only inserts: remove MERGE or use upsert")
     values = [c for c in columns if c not in keys]
     unknown = [c for c in merge_raw if c not in values]
     if unknown:
-        raise JobFileError(f"{path}: MERGE names column(s) {unknown} that are not value columns")
+        raise JobFileError(f"{where}: MERGE names column(s) {unknown} that are not value columns")
     # A value column without a rule is replaced by the latest batch's value.
     merge = tuple((c, str(merge_raw.get(c, "replace"))) for c in values)
-    guardrails_raw = lit.get("GUARDRAILS", {})
-    if not isinstance(guardrails_raw, dict) or any(
+    return JobSpec(
+        name=name, version=version, inputs=inputs, key_columns=keys, output_schema=output_schema,
+        merge=merge, source=source, fingerprint=fp, path=path,
+        guardrails=_guardrails(lit, where), mode=mode, output_mode=output_mode,
+        per_topic=per_topic, files=files, entry=entry,
+    )
+
+
+def _inputs(lit: dict[str, Any], where: str) -> tuple[tuple[TopicInput, ...], bool]:
+    topics = _str_list(lit, "TOPICS", where)
+    if not topics:
+        raise JobFileError(f"{where}: TOPICS must name at least one topic")
+    if len(set(topics)) != len(topics):
+        raise JobFileError(f"{where}: TOPICS names a topic twice")
+    if "EVENT_SCHEMA" in lit and "EVENT_SCHEMAS" in lit:
+        raise JobFileError(f"{where}: declare EVENT_SCHEMA (one schema for every topic) or "
+                           "EVENT_SCHEMAS (one per topic), not both")
+    per_topic = "EVENT_SCHEMAS" in lit
+    if per_topic:
+        raw = lit["EVENT_SCHEMAS"]
+        if not isinstance(raw, dict) or not raw:
+            raise JobFileError(f"{where}: EVENT_SCHEMAS maps each topic of TOPICS to its schema")
+        for topic in raw:
+            if topic not in topics:
+                raise JobFileError(f"{where}: EVENT_SCHEMAS names topic {topic!r} that is not in "
+                                   "TOPICS: add it to TOPICS or remove its schema")
+        lacking = [t for t in topics if t not in raw]
+        if lacking:
+            raise JobFileError(f"{where}: EVENT_SCHEMAS has no schema for topic(s) {lacking}")
+        schemas = {t: _schema(raw[t], f"EVENT_SCHEMAS[{t!r}]", where) for t in topics}
+    else:
+        shared = _schema(lit["EVENT_SCHEMA"], "EVENT_SCHEMA", where)
+        schemas = dict.fromkeys(topics, shared)
+    non_negative = _per_topic(lit, "NON_NEGATIVE", topics, [], where)
+    tombstones = _per_topic(lit, "TOMBSTONES", topics, "dead_letter", where)
+    inputs = []
+    for topic in topics:
+        paths = non_negative[topic]
+        if not isinstance(paths, list | tuple) or not all(isinstance(p, str) for p in paths):
+            raise JobFileError(f"{where}: NON_NEGATIVE must be a list of field paths")
+        rule = tombstones[topic]
+        if rule not in TOMBSTONE_RULES:
+            raise JobFileError(f"{where}: TOMBSTONES must be one of "
+                               f"{', '.join(map(repr, TOMBSTONE_RULES))}, not {rule!r}")
+        try:
+            check_non_negative(schemas[topic], paths)
+        except JobFileError as exc:
+            raise JobFileError(f"{where}: NON_NEGATIVE: {exc}") from exc
+        inputs.append(TopicInput(topic, schemas[topic].ddl(), tuple(paths), str(rule)))
+    return tuple(inputs), per_topic
+
+
+def _schema(raw: Any, what: str, where: str) -> Struct:
+    try:
+        if isinstance(raw, str):
+            schema = parse_ddl(raw)
+        elif isinstance(raw, dict) and raw:
+            schema = from_flat(raw)
+        else:
+            raise JobFileError(f"{what} must be a Spark DDL string such as \"user_id bigint, url "
+                               "string\" or a non-empty dict of field -> type")
+    except JobFileError as exc:
+        message = str(exc)
+        raise JobFileError(message if message.startswith(where) else f"{where}: {message}") \
+            from exc
+    clashes = [f for f, _ in schema.fields if f.lower() in KAFKA_COLUMNS]
+    if clashes:
+        raise JobFileError(f"{where}: {what} declares {clashes}, names that the Kafka metadata "
+                           "columns use: rename the field(s)")
+    return schema
+
+
+def _per_topic(lit: dict[str, Any], key: str, topics: list[str], default: Any, where: str
+               ) -> dict[str, Any]:
+    """A declaration that applies to every topic, or a dict of it per topic."""
+    raw = lit.get(key, default)
+    if not isinstance(raw, dict):
+        return dict.fromkeys(topics, raw)
+    for topic in raw:
+        if topic not in topics:
+            raise JobFileError(f"{where}: {key} names topic {topic!r} that is not in TOPICS: add "
+                               "it to TOPICS or remove it")
+    return {t: raw.get(t, default) for t in topics}
+
+
+def _output_schema(lit: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+    value = lit["OUTPUT_SCHEMA"]
+    if not isinstance(value, dict) or not value:
+        raise JobFileError(f"{where}: OUTPUT_SCHEMA must be a non-empty dict of column -> type")
+    for column, kind in value.items():
+        if not isinstance(column, str) or kind not in OUTPUT_TYPES:
+            raise JobFileError(
+                f"{where}: OUTPUT_SCHEMA[{column!r}] = {kind!r}: types are "
+                f"{', '.join(OUTPUT_TYPES)}"
+            )
+        if column == DELETE_COLUMN:
+            raise JobFileError(f"{where}: {DELETE_COLUMN} is not stored: return it from "
+                               "transform() without declaring it in OUTPUT_SCHEMA")
+        if NAME_PATTERN.fullmatch(column) is None:
+            raise JobFileError(f"{where}: output column {column!r} must match [a-z][a-z0-9_]*")
+    return tuple((str(c), str(t)) for c, t in value.items())
+
+
+def _guardrails(lit: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+    raw = lit.get("GUARDRAILS", {})
+    if not isinstance(raw, dict) or any(
         not isinstance(k, str) or not isinstance(v, str) or not v.strip()
-        for k, v in guardrails_raw.items()
+        for k, v in raw.items()
     ):
-        raise JobFileError(f"{path}: GUARDRAILS maps a check's name to SQL returning one boolean")
-    for check, query in guardrails_raw.items():
+        raise JobFileError(f"{where}: GUARDRAILS maps a check's name to SQL returning one boolean")
+    for check, query in raw.items():
         try:
             query.format(this="t", other="o")
         except (KeyError, IndexError, ValueError) as exc:
             raise JobFileError(
-                f"{path}: guardrail {check!r} may use only {{this}} and {{other}} ({exc})"
+                f"{where}: guardrail {check!r} may use only {{this}} and {{other}} ({exc})"
             ) from exc
-    return JobSpec(
-        name=name, version=version, topics=topics, event_schema=event_schema,
-        non_negative=non_negative, key_columns=keys, output_schema=output_schema, merge=merge,
-        source=source, fingerprint=fingerprint(source), path=path,
-        guardrails=tuple((str(k), str(v)) for k, v in guardrails_raw.items()),
-    )
+    return tuple((str(k), str(v)) for k, v in raw.items())
 
 
-def _str(lit: dict[str, Any], key: str, path: str) -> str:
+def _choice(lit: dict[str, Any], key: str, allowed: tuple[str, ...], default: str, where: str
+            ) -> str:
+    value = lit.get(key, default)
+    if value not in allowed:
+        raise JobFileError(f"{where}: {key} must be one of {', '.join(map(repr, allowed))}, "
+                           f"not {value!r}")
+    return str(value)
+
+
+def _str(lit: dict[str, Any], key: str, where: str) -> str:
     value = lit[key]
     if not isinstance(value, str):
-        raise JobFileError(f"{path}: {key} must be a string")
+        raise JobFileError(f"{where}: {key} must be a string")
     return value
 
 
-def _str_list(lit: dict[str, Any], key: str, path: str, default: list[str] | None = None
-              ) -> list[str]:
-    value = lit.get(key, default)
+def _str_list(lit: dict[str, Any], key: str, where: str) -> list[str]:
+    value = lit.get(key)
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise JobFileError(f"{path}: {key} must be a list of strings")
+        raise JobFileError(f"{where}: {key} must be a list of strings")
     return list(value)
-
-
-def _typed_map(lit: dict[str, Any], key: str, allowed: tuple[str, ...], path: str
-               ) -> tuple[tuple[str, str], ...]:
-    value = lit[key]
-    if not isinstance(value, dict) or not value:
-        raise JobFileError(f"{path}: {key} must be a non-empty dict of column -> type")
-    for column, kind in value.items():
-        if not isinstance(column, str) or kind not in allowed:
-            raise JobFileError(
-                f"{path}: {key}[{column!r}] = {kind!r}: types are {', '.join(allowed)}"
-            )
-    return tuple((str(c), str(t)) for c, t in value.items())
 
 
 def spec_to_json(spec: JobSpec) -> dict[str, Any]:
     return {
-        "name": spec.name, "version": spec.version, "topics": list(spec.topics),
-        "event_schema": [list(p) for p in spec.event_schema],
-        "non_negative": list(spec.non_negative), "key_columns": list(spec.key_columns),
+        "name": spec.name, "version": spec.version,
+        "inputs": [{"topic": i.topic, "schema": i.schema, "non_negative": list(i.non_negative),
+                    "tombstones": i.tombstones} for i in spec.inputs],
+        "key_columns": list(spec.key_columns),
         "output_schema": [list(p) for p in spec.output_schema],
         "merge": [list(p) for p in spec.merge],
         "guardrails": [list(p) for p in spec.guardrails],
+        "mode": spec.mode, "output_mode": spec.output_mode, "per_topic": spec.per_topic,
+        "entry": spec.entry,
     }
 
 
-def spec_from_catalog(doc: dict[str, Any], source: str, fp: str, path: str) -> JobSpec:
+def spec_from_catalog(doc: dict[str, Any], source: str, fp: str, path: str,
+                      files: tuple[tuple[str, bytes], ...] = ()) -> JobSpec:
+    if "inputs" in doc:
+        inputs = tuple(TopicInput(i["topic"], i["schema"], tuple(i["non_negative"]),
+                                  i["tombstones"]) for i in doc["inputs"])
+    else:  # deployed before nested schemas: one flat schema for every topic
+        ddl = from_flat(dict(doc["event_schema"])).ddl()
+        inputs = tuple(TopicInput(t, ddl, tuple(doc["non_negative"]), "dead_letter")
+                       for t in doc["topics"])
+    entry = doc.get("entry") or Path(path).name
     return JobSpec(
-        name=doc["name"], version=doc["version"], topics=tuple(doc["topics"]),
-        event_schema=tuple((a, b) for a, b in doc["event_schema"]),
-        non_negative=tuple(doc["non_negative"]), key_columns=tuple(doc["key_columns"]),
+        name=doc["name"], version=doc["version"], inputs=inputs,
+        key_columns=tuple(doc["key_columns"]),
         output_schema=tuple((a, b) for a, b in doc["output_schema"]),
         merge=tuple((a, b) for a, b in doc["merge"]), source=source, fingerprint=fp, path=path,
         guardrails=tuple((a, b) for a, b in doc.get("guardrails", [])),
+        mode=doc.get("mode", "batch"), output_mode=doc.get("output_mode", "upsert"),
+        per_topic=bool(doc.get("per_topic", False)),
+        files=files or ((entry, source.encode()),), entry=entry,
     )

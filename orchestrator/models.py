@@ -10,11 +10,28 @@ from orchestrator.states import RunState
 # Offsets as Kafka tools show them: {"<topic>": {"<partition>": next offset to read}}
 Offsets = dict[str, dict[str, int]]
 
-EVENT_TYPES = ("long", "string", "double", "boolean")
 OUTPUT_TYPES = (
     "text", "bigint", "integer", "double precision", "boolean", "numeric", "timestamptz",
+    "jsonb",
 )
 MERGE_RULES = ("sum", "min", "max", "replace")
+MODES = ("batch", "stream")  # per-batch transform and merge | a Structured Streaming query
+OUTPUT_MODES = ("upsert", "append")
+TOMBSTONE_RULES = ("dead_letter", "pass")
+# Columns every events DataFrame carries beside the declared fields.
+KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
+                 "kafka_key", "kafka_headers")
+DELETE_COLUMN = "_delete"  # an upsert output row whose _delete is true deletes its key
+
+
+@dataclass(frozen=True)
+class TopicInput:
+    """One topic a job reads, with the schema its events are validated against."""
+
+    topic: str
+    schema: str  # canonical Spark DDL of the event fields (orchestrator.schema)
+    non_negative: tuple[str, ...]  # dotted field paths
+    tombstones: str  # in TOMBSTONE_RULES: a null value is a dead letter, or a row with null fields
 
 
 @dataclass(frozen=True)
@@ -23,17 +40,26 @@ class JobSpec:
 
     name: str
     version: str
-    topics: tuple[str, ...]
-    event_schema: tuple[tuple[str, str], ...]  # (field, type in EVENT_TYPES), in order
-    non_negative: tuple[str, ...]
+    inputs: tuple[TopicInput, ...]  # in TOPICS order
     key_columns: tuple[str, ...]
     output_schema: tuple[tuple[str, str], ...]  # (column, PostgreSQL type in OUTPUT_TYPES)
     merge: tuple[tuple[str, str], ...]  # (value column, rule in MERGE_RULES)
-    source: str = field(repr=False)
+    source: str = field(repr=False)  # the entry file's source
     fingerprint: str
     path: str
     # (name, SQL returning one boolean); {this} and {other} name the two versions' tables
     guardrails: tuple[tuple[str, str], ...] = ()
+    mode: str = "batch"  # in MODES
+    output_mode: str = "upsert"  # in OUTPUT_MODES
+    per_topic: bool = False  # EVENT_SCHEMAS: transform gets {topic: DataFrame}
+    # Every file of the deployed code, (path relative to the job, bytes); the entry file is
+    # ENTRY_FILE for a directory job, or the one file of a single-file job.
+    files: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    entry: str = ""
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return tuple(i.topic for i in self.inputs)
 
     @property
     def output_columns(self) -> tuple[str, ...]:

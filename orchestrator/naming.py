@@ -11,6 +11,7 @@ NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,40}")
 # under it only if we refuse a table name that would be cut (the truncated names could collide).
 _PG_MAX_IDENTIFIER = 63
 DEAD_LETTER_SUFFIX = "__dead_letters"
+STAGE_SUFFIX = "__stage"
 
 
 def validate_name(value: str, what: str = "name") -> str:
@@ -34,6 +35,12 @@ def output_table(job: str, version: str) -> str:
 
 def dead_letter_table(job: str, version: str) -> str:
     return _checked(output_table(job, version) + DEAD_LETTER_SUFFIX)
+
+
+def stage_table(job: str, version: str) -> str:
+    """Where executors write a batch's output before its commit moves it into the output table.
+    Shorter than the dead-letter table's name, so it fits wherever that one does."""
+    return _checked(output_table(job, version) + STAGE_SUFFIX)
 
 
 def consumer_group(job: str, version: str) -> str:

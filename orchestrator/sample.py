@@ -1,15 +1,19 @@
 """Deterministic sample click events, with a small share of invalid ones of each kind.
 
-``sample_events(count, seed)`` yields ``(key, value)`` byte pairs: key = ``str(user_id)``,
-value = ``{"user_id": int, "url": str, "ts": epoch-ms int, "duration_ms": int}`` as compact
-JSON. The same (count, seed) always gives the same events, and a shorter run is a prefix of a
-longer one with the same seed. Nothing here aggregates or normalises URLs: tests compute their
-references independently.
+``sample_events(count, seed, *, users=USERS, invalid_share=None)`` yields ``(key, value)``
+byte pairs: key = ``str(user_id)`` with user_id uniform in ``1..users``, value =
+``{"user_id": int, "url": str, "ts": epoch-ms int, "duration_ms": int}`` as compact JSON. The
+same (count, seed, users, invalid_share) always gives the same events, and a shorter run is a
+prefix of a longer one with the same other arguments. The defaults give the same bytes as
+before the two keywords existed. Nothing here aggregates or normalises URLs: tests compute
+their references independently.
 
 URLs are ASCII paths that differ only by the things a normaliser has to handle: letter case,
 trailing slashes, query strings, fragments, and the root ``/`` with and without a query.
 
-About ``INVALID_RATE`` (0.1 %) of the events are invalid for each of ``INVALID_KINDS``:
+About ``INVALID_RATE`` (0.1 %) of the events are invalid for each of ``INVALID_KINDS``; with
+``invalid_share`` (in [0, 1)) about that share of all events is invalid, a quarter of it for
+each kind:
 
 - ``not_json``: truncated JSON or plain text;
 - ``missing_field``: one of the four fields left out;
@@ -23,6 +27,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from orchestrator.errors import KappaError
+
 __all__ = [
     "BASE_TS_MS",
     "FIELDS",
@@ -30,6 +36,8 @@ __all__ = [
     "INVALID_RATE",
     "URLS",
     "USERS",
+    "check_share",
+    "check_users",
     "sample_events",
 ]
 
@@ -93,7 +101,25 @@ def _build_urls() -> tuple[str, ...]:
 
 URLS = _build_urls()
 _URLS_N = len(URLS)
-_KEYS = tuple(str(u).encode() for u in range(USERS + 1))
+_KEYS = tuple(str(u).encode() for u in range(USERS + 1))  # users above USERS: built per event
+
+
+def check_users(users: int) -> int:
+    """``users`` if it is an int >= 1, else a one-line KappaError."""
+    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+        raise KappaError(f"users must be a whole number >= 1, not {users!r}")
+    return users
+
+
+def check_share(invalid_share: float, name: str = "invalid_share") -> float:
+    """``invalid_share`` as a float if it is in [0, 1), else a one-line KappaError."""
+    try:
+        share = float(invalid_share)
+    except (TypeError, ValueError):
+        share = float("nan")
+    if isinstance(invalid_share, bool) or not 0.0 <= share < 1.0:
+        raise KappaError(f"{name} must be a number in [0, 1), not {invalid_share!r}")
+    return share
 
 
 def _invalid(
@@ -131,24 +157,42 @@ def _invalid(
     return f'{{"user_id":{user},"url":"{url}","ts":{ts},"duration_ms":{-1 - duration}}}'.encode()
 
 
-def sample_events(count: int, seed: int) -> Iterator[tuple[bytes, bytes]]:
-    """Yield ``count`` deterministic (key, value) events for ``seed``."""
+def sample_events(
+    count: int, seed: int, *, users: int = USERS, invalid_share: float | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """Yield ``count`` deterministic (key, value) events for ``seed``.
+
+    ``users``: user ids are ``1..users``. ``invalid_share``: the share of invalid events, split
+    evenly over ``INVALID_KINDS`` (None: ``INVALID_RATE`` per kind). Arguments are checked
+    here, before the first event: a bad one raises a one-line KappaError.
+    """
+    check_users(users)
+    per_kind = INVALID_RATE if invalid_share is None else check_share(invalid_share) / len(
+        INVALID_KINDS)
+    return _events(count, seed, users, per_kind, _KEYS if users <= USERS else ())
+
+
+def _events(
+    count: int, seed: int, users: int, per_kind: float, keys: tuple[bytes, ...]
+) -> Iterator[tuple[bytes, bytes]]:
     rng = random.Random(seed)
     rand = rng.random
-    urls, n_urls, keys = URLS, _URLS_N, _KEYS
-    invalid_below = INVALID_RATE * len(INVALID_KINDS)
+    urls, n_urls = URLS, _URLS_N
+    invalid_below = per_kind * len(INVALID_KINDS)
+    last_kind = len(INVALID_KINDS) - 1
     ts = BASE_TS_MS
     for _ in range(count):
         r = rand()
-        user = 1 + int(rand() * USERS)
+        user = 1 + int(rand() * users)
         u = rand()
         url = urls[int(u * u * n_urls)]  # a few popular pages, a long tail
         duration = int(rand() * MAX_DURATION_MS)
         ts += int(r * 1e6) % MAX_TS_STEP_MS
+        key = keys[user] if keys else str(user).encode()
         if r >= invalid_below:
-            yield keys[user], (
+            yield key, (
                 f'{{"user_id":{user},"url":"{url}","ts":{ts},"duration_ms":{duration}}}'
             ).encode()
         else:
-            kind = int(r / INVALID_RATE)
-            yield keys[user], _invalid(kind, rng, user=user, url=url, ts=ts, duration=duration)
+            kind = min(int(r / per_kind), last_kind)
+            yield key, _invalid(kind, rng, user=user, url=url, ts=ts, duration=duration)

@@ -18,6 +18,7 @@ from orchestrator.catalog import aliases as alias_rows
 from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
+from orchestrator.determinism import replay_hazards
 from orchestrator.errors import KappaError, LaunchError, NotFoundError, StateError
 from orchestrator.jobspec import load_job_file
 from orchestrator.lag import LagState, Thresholds, lag_records, replay_start
@@ -45,6 +46,8 @@ _LAUNCH_GRACE_S = 60.0
 class DeployResult:
     created: bool  # False: the same code was already deployed under this label (a no-op)
     status: VersionStatus
+    # Constructs that make the output at rest depend on where batches were cut (file:line: why)
+    warnings: tuple[str, ...] = ()
 
 
 class Orchestrator:
@@ -68,6 +71,7 @@ class Orchestrator:
         from orchestrator.kafka.offsets import log_bounds
 
         spec = load_job_file(job_file)
+        hazards = tuple(replay_hazards(spec))
         s = self.settings
         _, bootstrap = s.require_services()
         with self._catalog() as conn:
@@ -77,7 +81,7 @@ class Orchestrator:
                 if runs.get(conn, s.catalog_schema, existing.id).state == RunState.REGISTERED:
                     # Registered by a deploy that crashed before it launched the driver.
                     self._start(conn, existing)
-                return DeployResult(False, self._status_of(conn, existing))
+                return DeployResult(False, self._status_of(conn, existing), hazards)
             for topic in spec.topics:
                 topic_partitions(bootstrap, topic)  # a clear error for a missing topic
             bounds = log_bounds(bootstrap, list(spec.topics))
@@ -95,11 +99,12 @@ class Orchestrator:
                 events.record(conn, s.catalog_schema, "deploy", job=spec.name,
                               version=spec.version, fingerprint=spec.fingerprint,
                               file=str(spec.path), log_start=log_start, allow_gap=allow_gap,
-                              gap_offsets=gone)
+                              gap_offsets=gone, files=[p for p, _ in spec.files],
+                              replay_hazards=list(hazards))
             self._start(conn, version)
             # So that a later switch to this version needs no DDL.
             self._switchboard(conn).refresh_views(spec.name)
-            return DeployResult(True, self._status_of(conn, version))
+            return DeployResult(True, self._status_of(conn, version), hazards)
 
     def _start(self, conn: psycopg.Connection, version: DeployedVersion) -> RunRecord:
         s = self.settings
@@ -384,14 +389,37 @@ class Orchestrator:
 
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
-                       partitions: int = 4) -> int:
+                       partitions: int = 4, *, kind: str | None = None, users: int | None = None,
+                       invalid_share: float | None = None) -> int:
+        """Produce ``count`` deterministic sample records for ``seed`` to ``topic``.
+
+        ``kind``: "pageviews" (orchestrator.sample) or "profiles" (a changelog with tombstones,
+        orchestrator.sample_profiles); None picks "profiles" for a topic whose name starts with
+        "profiles", else "pageviews". ``users``/``invalid_share``: None keeps the generator's
+        default. Arguments are checked before the topic is created.
+        """
         from orchestrator.kafka.admin import ensure_topic
         from orchestrator.kafka.producer import produce
-        from orchestrator.sample import sample_events
 
+        if kind is None:
+            kind = "profiles" if topic.startswith("profiles") else "pageviews"
+        records: Iterator[tuple[bytes, bytes | None]]
+        if kind == "pageviews":
+            from orchestrator.sample import USERS, sample_events
+
+            records = sample_events(count, seed, users=USERS if users is None else users,
+                                    invalid_share=invalid_share)
+        elif kind == "profiles":
+            from orchestrator import sample_profiles as profiles
+
+            records = profiles.sample_profiles(
+                count, seed, users=profiles.USERS if users is None else users,
+                invalid_share=profiles.INVALID_SHARE if invalid_share is None else invalid_share)
+        else:
+            raise KappaError(f"unknown sample kind {kind!r}: use pageviews or profiles")
         _, bootstrap = self.settings.require_services()
         ensure_topic(bootstrap, topic, partitions)
-        return produce(bootstrap, topic, sample_events(count, seed), rate=rate)
+        return produce(bootstrap, topic, records, rate=rate)
 
 
 def _job(name: str) -> str:

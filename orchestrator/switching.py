@@ -20,7 +20,7 @@ from orchestrator.catalog import aliases, events, runs, versions
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import ConflictError, KappaError, StateError
 from orchestrator.models import DeployedVersion
-from orchestrator.naming import validate_name
+from orchestrator.naming import stage_table, validate_name
 from orchestrator.routing import Routing
 from orchestrator.settings import Settings
 from orchestrator.spark import launcher
@@ -208,9 +208,12 @@ class Switchboard:
                 aliases.save(self.conn, schema, routing, [v.version for v in keep])
         with self.conn.transaction():
             self.conn.execute("SET LOCAL lock_timeout = '5s'")
-            for table in (target.output_table, target.dead_letter_table):
+            for table in (target.output_table, target.dead_letter_table,
+                          stage_table(job, target.version)):
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
                     qualified(self.s.data_schema, table)))
+            self.conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s").format(
+                qualified(schema, "dead_letter_stage")), (target.id,))
             events.record(self.conn, schema, "drop", job=job, version=target.version,
                           tables=[target.output_table, target.dead_letter_table],
                           checkpoint=target.checkpoint_dir)

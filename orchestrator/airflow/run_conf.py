@@ -103,7 +103,7 @@ def job_file_in(project_dir: Path, value: Any) -> Path:
     if not path.is_relative_to(root):
         raise ConfigError(f"conf job_file {value!r} is outside the project {root}: "
                           "job files must live in the project (e.g. jobs/...)")
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):  # a job directory is a package
         raise ConfigError(f"conf job_file {value!r} does not exist under {root}: "
                           "give a path relative to the project, e.g. jobs/pageview_counts/v2.py")
     return path

@@ -1,8 +1,10 @@
 """Exactly-once application of one micro-batch.
 
-The batch's output rows, its dead letters and the offsets it consumed commit in one PostgreSQL
-transaction keyed by (version, batch id). Spark replays a batch whose commit it did not record
-(e.g. the driver was killed after our commit); the key makes that replay a no-op. The run's
+Executors write a batch's output rows into the version's stage table and its dead letters into
+the catalog's dead-letter stage; nothing passes through the driver. The driver then commits the
+batch: the staged rows, the dead letters and the offsets it consumed become visible in one
+PostgreSQL transaction keyed by (version, batch id). Spark replays a batch whose commit it did not
+record (e.g. the driver was killed after our commit); the key makes that replay a no-op. The run's
 ``attempt`` is checked under a row lock, so a driver replaced by a restart cannot write.
 """
 
@@ -19,7 +21,8 @@ from psycopg.types.json import Jsonb
 from orchestrator.catalog.db import qualified
 from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
 from orchestrator.errors import ConflictError, KappaError
-from orchestrator.models import DeployedVersion, Offsets
+from orchestrator.models import DELETE_COLUMN, DeployedVersion, JobSpec, Offsets
+from orchestrator.naming import stage_table
 
 # "cur" is the alias of the output table's existing row in the upsert below.
 _MERGE_SQL = {
@@ -48,9 +51,11 @@ def total_records(start: Offsets, end: Offsets) -> int:
 
 def apply_batch(
     conn: psycopg.Connection, catalog_schema: str, data_schema: str, version: DeployedVersion,
-    attempt: int, batch_id: int, start: Offsets, end: Offsets,
-    output_rows: Sequence[Sequence[Any]], dead_letters: Sequence[Sequence[Any]],
+    attempt: int, batch_id: int, start: Offsets, end: Offsets, write_id: str,
 ) -> BatchResult:
+    """Commit one batch: move the rows that write ``write_id`` staged (output rows) and the
+    dead letters staged for the batch's offsets into the version's tables, and store its end
+    offsets, all in one transaction keyed by (version, batch id)."""
     records = total_records(start, end)
     with conn.transaction():
         run = conn.execute(
@@ -61,25 +66,24 @@ def apply_batch(
                 f"driver attempt {attempt} of {version.job} {version.version} was replaced "
                 f"(current attempt {run[0] if run else None}); exiting"
             )
-        inserted = conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (version_id, batch_id, attempt, start_offsets, end_offsets, "
-                "records, output_rows, dead_letters) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT DO NOTHING RETURNING batch_id"
-            ).format(qualified(catalog_schema, "batches")),
-            (version.id, batch_id, attempt, Jsonb(start), Jsonb(end), records,
-             len(output_rows), len(dead_letters)),
-        ).fetchone()
-        if inserted is None:
+        applied = conn.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE version_id = %s AND batch_id = %s")
+            .format(qualified(catalog_schema, "batches")), (version.id, batch_id)).fetchone()
+        if applied is not None:
             return BatchResult(False, records, 0, 0)
         _check_contiguous(conn, catalog_schema, version, batch_id, start)
-        if output_rows:
-            _upsert_output(conn, data_schema, version, output_rows)
-        if dead_letters:
-            _copy_rows(conn, qualified(data_schema, version.dead_letter_table),
-                       DEAD_LETTER_COLUMNS, dead_letters)
+        output_rows = _move_output(conn, data_schema, version, batch_id, write_id)
+        dead = _move_dead_letters(conn, catalog_schema, data_schema, version, start, end)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (version_id, batch_id, attempt, start_offsets, end_offsets, "
+                "records, output_rows, dead_letters) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            ).format(qualified(catalog_schema, "batches")),
+            (version.id, batch_id, attempt, Jsonb(start), Jsonb(end), records, output_rows,
+             dead),
+        )
         _store_offsets(conn, catalog_schema, version.id, end)
-    return BatchResult(True, records, len(output_rows), len(dead_letters))
+    return BatchResult(True, records, output_rows, dead)
 
 
 def _check_contiguous(conn: psycopg.Connection, schema: str, version: DeployedVersion,
@@ -101,42 +105,127 @@ def _check_contiguous(conn: psycopg.Connection, schema: str, version: DeployedVe
                 )
 
 
-def _copy_rows(conn: psycopg.Connection, table: sql.Composable, columns: Sequence[str],
-               rows: Sequence[Sequence[Any]]) -> None:
-    with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(
-            table, sql.SQL(", ").join(map(sql.Identifier, columns)))) as copy:
-        for row in rows:
-            copy.write_row(row)
-
-
-def _upsert_output(conn: psycopg.Connection, data_schema: str, version: DeployedVersion,
-                   rows: Sequence[Sequence[Any]]) -> None:
+def _move_output(conn: psycopg.Connection, data_schema: str, version: DeployedVersion,
+                 batch_id: int, write_id: str) -> int:
+    """Merge the staged rows of ``write_id`` into the output table; return rows changed."""
     spec = version.spec
-    columns = spec.output_columns
+    stage = qualified(data_schema, stage_table(spec.name, spec.version))
     target = qualified(data_schema, version.output_table)
-    conn.execute(sql.SQL(
-        "CREATE TEMP TABLE IF NOT EXISTS kappa_staging (LIKE {} INCLUDING DEFAULTS) "
-        "ON COMMIT DELETE ROWS").format(target))
-    staging = sql.Identifier("kappa_staging")
-    _copy_rows(conn, staging, columns, rows)
-    updates = [
-        sql.SQL("{} = ").format(sql.Identifier(c))
-        + sql.SQL(_MERGE_SQL[rule]).format(c=sql.Identifier(c))
-        for c, rule in spec.merge
-    ]
-    action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(updates)) if updates \
-        else sql.SQL("DO NOTHING")
+    columns = sql.SQL(", ").join(map(sql.Identifier, spec.output_columns))
+    keys = sql.SQL(", ").join(map(sql.Identifier, spec.key_columns))
+    # Each task's rows commit with the task; a task that ran twice (a retried stage, a
+    # speculative copy) staged its rows twice, so only its first attempt's rows count.
+    staged = sql.SQL(
+        "(SELECT * FROM {stage} WHERE _write = %(w)s AND (_task, _attempt) IN "
+        "(SELECT _task, min(_attempt) FROM {stage} WHERE _write = %(w)s GROUP BY _task))"
+    ).format(stage=stage)
+    params = {"w": write_id}
+    what = f"{spec.name} {spec.version} batch {batch_id}"
+    changed = 0
     try:
-        insert = sql.SQL("INSERT INTO {} AS cur ({}) SELECT {} FROM {} ON CONFLICT ({}) ")
-        conn.execute(insert.format(
-            target, sql.SQL(", ").join(map(sql.Identifier, columns)),
-            sql.SQL(", ").join(map(sql.Identifier, columns)), staging,
-            sql.SQL(", ").join(map(sql.Identifier, spec.key_columns))) + action)
+        deletes = conn.execute(sql.SQL("SELECT count(*) FROM {} s WHERE s._delete").format(
+            staged), params).fetchone()
+        if deletes and deletes[0]:
+            if spec.output_mode == "append":
+                raise KappaError(f"{what}: transform() returned rows with {DELETE_COLUMN} = true, "
+                                 "but an append job only inserts: use OUTPUT_MODE = \"upsert\"")
+            _refuse_delete_and_upsert_of_one_key(conn, staged, spec.key_columns, params, what)
+            on_keys = sql.SQL(" AND ").join(
+                sql.SQL("t.{c} = s.{c}").format(c=sql.Identifier(k)) for k in spec.key_columns)
+            changed += conn.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE s._delete AND {}")
+                                    .format(target, staged, on_keys), params).rowcount
+        insert = sql.SQL("INSERT INTO {} AS cur ({}) SELECT {} FROM {} s WHERE NOT s._delete") \
+            .format(target, columns, _merged_selection(spec) or columns, staged)
+        if _merged_selection(spec) is not None:
+            insert += sql.SQL(" GROUP BY {}").format(keys)
+        if spec.output_mode == "upsert":
+            updates = [
+                sql.SQL("{} = ").format(sql.Identifier(c))
+                + sql.SQL(_MERGE_SQL[rule]).format(c=sql.Identifier(c))
+                for c, rule in spec.merge
+            ]
+            insert += sql.SQL(" ON CONFLICT ({}) ").format(keys) + (
+                (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(updates)) if updates
+                else sql.SQL("DO NOTHING"))
+        changed += conn.execute(insert, params).rowcount
     except psycopg.errors.CardinalityViolation as exc:
         raise KappaError(
-            f"{spec.name} {spec.version}: transform() returned several rows for one key in one "
-            f"batch; aggregate by {', '.join(spec.key_columns)} in transform()"
+            f"{what}: transform() returned several rows for one key "
+            f"({', '.join(spec.key_columns)}) in one batch; aggregate by the key in transform()"
         ) from exc
+    except psycopg.errors.NotNullViolation as exc:
+        raise KappaError(f"{what}: transform() returned a row with a null key column "
+                         f"({_first_line(exc)}); filter or fill null keys in transform()") \
+            from exc
+    except psycopg.errors.UniqueViolation as exc:
+        raise KappaError(f"{what}: an append job inserted a key that the table already holds "
+                         f"({_first_line(exc)}); make KEY_COLUMNS unique per output row") from exc
+    except psycopg.errors.DataError as exc:
+        raise KappaError(f"{what}: an output value does not fit its column "
+                         f"({_first_line(exc)}); fix transform() or OUTPUT_SCHEMA") from exc
+    # Everything staged is now merged or belongs to a write that was abandoned.
+    conn.execute(sql.SQL("DELETE FROM {}").format(stage))
+    return changed
+
+
+def _merged_selection(spec: JobSpec) -> sql.Composable | None:
+    """When every value column merges by sum, min or max, several rows of one key in a batch
+    (a stream job's deltas, say) merge by the same rules before they meet the table's row."""
+    rules = dict(spec.merge)
+    if spec.output_mode != "upsert" or not rules or "replace" in rules.values():
+        return None
+    return sql.SQL(", ").join(
+        sql.Identifier(c) if c not in rules
+        else sql.SQL("{}({})").format(sql.SQL(rules[c]), sql.Identifier(c))
+        for c in spec.output_columns)
+
+
+def _refuse_delete_and_upsert_of_one_key(conn: psycopg.Connection, staged: sql.Composable,
+                                         keys: Sequence[str], params: dict[str, Any],
+                                         what: str) -> None:
+    on_keys = sql.SQL(" AND ").join(
+        sql.SQL("d.{c} = u.{c}").format(c=sql.Identifier(k)) for k in keys)
+    both = conn.execute(sql.SQL(
+        "SELECT 1 FROM {} d JOIN {} u ON {} WHERE d._delete AND NOT u._delete LIMIT 1"
+    ).format(staged, staged, on_keys), params).fetchone()
+    if both is not None:
+        raise KappaError(f"{what}: transform() returned a delete and an upsert for one key "
+                         f"({', '.join(keys)}) in one batch; keep one row per key")
+
+
+def _move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema: str,
+                       version: DeployedVersion, start: Offsets, end: Offsets) -> int:
+    """Move the dead letters staged for the batch's offsets; a read that ran twice staged them
+    twice, and DISTINCT ON keeps one."""
+    ranges = [(t, int(p), start.get(t, {}).get(p, hi), hi)
+              for t, ps in end.items() for p, hi in ps.items()]
+    if not ranges:
+        return 0
+    values = sql.SQL(", ").join(sql.SQL("(%s, %s::integer, %s::bigint, %s::bigint)")
+                                for _ in ranges)
+    params: list[Any] = [v for r in ranges for v in r]
+    stage = qualified(catalog_schema, "dead_letter_stage")
+    columns = sql.SQL(", ").join(map(sql.Identifier, DEAD_LETTER_COLUMNS))
+    moved = conn.execute(sql.SQL(
+        "INSERT INTO {dlq} ({cols}) SELECT DISTINCT ON (s.topic, s.partition, s.\"offset\") "
+        "{s_cols} FROM {stage} s JOIN (VALUES {values}) r(topic, partition, lo, hi) "
+        "ON s.topic = r.topic AND s.partition = r.partition AND s.\"offset\" >= r.lo "
+        "AND s.\"offset\" < r.hi WHERE s.version_id = %s "
+        "ORDER BY s.topic, s.partition, s.\"offset\" ON CONFLICT DO NOTHING"
+    ).format(dlq=qualified(data_schema, version.dead_letter_table), cols=columns,
+             s_cols=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c))
+                                       for c in DEAD_LETTER_COLUMNS),
+             stage=stage, values=values), [*params, version.id]).rowcount
+    conn.execute(sql.SQL(
+        "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
+        "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
+        "AND s.\"offset\" < r.hi").format(stage=stage, values=values),
+        [*params, version.id])
+    return moved
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
 def _store_offsets(conn: psycopg.Connection, schema: str, version_id: int, end: Offsets) -> None:

@@ -7,8 +7,12 @@ from psycopg import sql
 
 from orchestrator.catalog.db import qualified
 from orchestrator.models import JobSpec
+from orchestrator.naming import stage_table
 
 DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "timestamp_ms", "key", "raw", "error")
+# Columns of a stage table beside the output columns: the delete mark, and which write (one per
+# batch run), task and task attempt wrote the row, so that a commit takes each task's rows once.
+STAGE_COLUMNS = ("_delete", "_write", "_task", "_attempt")
 
 
 def create_tables(conn: psycopg.Connection, data_schema: str, spec: JobSpec, output_table: str,
@@ -25,6 +29,19 @@ def create_tables(conn: psycopg.Connection, data_schema: str, spec: JobSpec, out
         "\"offset\" bigint NOT NULL, timestamp_ms bigint, key bytea, raw bytea, "
         "error text NOT NULL, PRIMARY KEY (topic, partition, \"offset\"))"
     ).format(qualified(data_schema, dead_letter_table)))
+    create_stage(conn, data_schema, spec)
+
+
+def create_stage(conn: psycopg.Connection, data_schema: str, spec: JobSpec) -> None:
+    """The version's stage table. Unlogged, and without the output's constraints, so that a
+    bad row (a null key, say) fails the batch's commit with a clear message, not a task."""
+    columns = [sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind))
+               for name, kind in spec.output_schema]
+    conn.execute(sql.SQL(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}, _delete boolean NOT NULL DEFAULT false, "
+        "_write text NOT NULL, _task integer NOT NULL, _attempt bigint NOT NULL)"
+    ).format(qualified(data_schema, stage_table(spec.name, spec.version)),
+             sql.SQL(", ").join(columns)))
 
 
 def count_rows(conn: psycopg.Connection, data_schema: str, table: str) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -86,4 +88,23 @@ def insert(conn: psycopg.Connection, schema: str, spec: JobSpec, *, output_table
          consumer_group, Jsonb(log_start)),
     ).fetchone()
     assert row is not None
-    return _from_row(row)
+    version = _from_row(row)
+    with conn.cursor() as cur:
+        cur.executemany(
+            sql.SQL("INSERT INTO {} (version_id, path, content, sha256) VALUES (%s, %s, %s, %s)")
+            .format(qualified(schema, "job_files")),
+            [(version.id, path, content, hashlib.sha256(content).hexdigest())
+             for path, content in spec.files])
+    return version
+
+
+def with_code(conn: psycopg.Connection, schema: str, version: DeployedVersion
+              ) -> DeployedVersion:
+    """The version with every file of its deployed code (loaded only where code runs)."""
+    rows = conn.execute(
+        sql.SQL("SELECT path, content FROM {} WHERE version_id = %s ORDER BY path")
+        .format(qualified(schema, "job_files")), (version.id,)).fetchall()
+    if not rows:  # deployed before code files were stored: the source is the whole job
+        return version
+    files = tuple((str(path), bytes(content)) for path, content in rows)
+    return replace(version, spec=replace(version.spec, files=files))

@@ -98,11 +98,19 @@ def _parser() -> argparse.ArgumentParser:
     e = _command(sub, "events", "the orchestrator's event log", "job?")
     e.add_argument("--version")
 
-    ps = _command(sub, "produce-sample", "produce the deterministic sample page views")
+    ps = _command(sub, "produce-sample",
+                  "produce deterministic sample page views or profile changes")
     ps.add_argument("--topic", default="pageviews")
     ps.add_argument("--count", type=int, default=200_000)
     ps.add_argument("--seed", type=int, default=1)
     ps.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    ps.add_argument("--kind", choices=["pageviews", "profiles"],
+                    help="what to produce (default: profiles for a topic named profiles*, "
+                    "else pageviews)")
+    ps.add_argument("--users", type=int, help="user ids 1..N (default 5000)")
+    ps.add_argument("--invalid-share", type=float,
+                    help="share of invalid events in [0, 1) (default: 0.4 %% of page views, "
+                    "0.1 %% of profile changes)")
 
     dev = _command(sub, "dev", "the embedded PostgreSQL and Kafka-protocol broker")
     dev.add_argument("action", choices=["up", "down", "status", "env"])
@@ -136,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "deploy":
         result = service.deploy(args.job_file, allow_gap=args.allow_gap)
         st = result.status
+        for warning in result.warnings:
+            print(f"Warning: output may depend on batch boundaries: {warning}", file=sys.stderr)
         if not args.json:
             verb = "deployed" if result.created else "already deployed (same code)"
             print(f"{st.job} {st.version} {verb}: {st.state.value}, output {st.output_table}, "
@@ -143,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         if args.wait:
             st = _wait(service, st.job, st.version, args.timeout, quiet=args.json)
         if args.json:
-            print_json(st.to_json() | {"created": result.created})
+            print_json(st.to_json() | {"created": result.created,
+                                       "warnings": list(result.warnings)})
         return 0
     if cmd == "status":
         statuses = service.status(args.job)
@@ -196,11 +207,19 @@ def run(args: argparse.Namespace) -> int:
                          for r in rows]))
         return 0
     if cmd == "produce-sample":
-        count = service.produce_sample(args.topic, args.count, args.seed, args.rate)
+        if args.users is not None and args.users < 1:
+            raise KappaError(f"--users must be at least 1, not {args.users}")
+        if args.invalid_share is not None and not 0 <= args.invalid_share < 1:
+            raise KappaError(f"--invalid-share must be in [0, 1), not {args.invalid_share:g}")
+        kind = args.kind or ("profiles" if args.topic.startswith("profiles") else "pageviews")
+        count = service.produce_sample(args.topic, args.count, args.seed, args.rate, kind=kind,
+                                       users=args.users, invalid_share=args.invalid_share)
         if args.json:
-            print_json({"topic": args.topic, "produced": count, "seed": args.seed})
+            print_json({"topic": args.topic, "produced": count, "seed": args.seed,
+                        "kind": kind})
         else:
-            print(f"produced {count:,} sample events to {args.topic} (seed {args.seed})")
+            what = "profile changes" if kind == "profiles" else "page views"
+            print(f"produced {count:,} sample {what} to {args.topic} (seed {args.seed})")
         return 0
     raise KappaError(f"unknown command {cmd}")
 

@@ -1,4 +1,7 @@
-"""Produce (key, value) records: lz4, batched by linger, optionally at a fixed rate."""
+"""Produce (key, value) records: lz4, batched by linger, optionally at a fixed rate.
+
+A ``None`` value is produced as a null value: a tombstone on a compacted topic.
+"""
 
 from __future__ import annotations
 
@@ -59,7 +62,7 @@ class _Bucket:
 def produce(
     bootstrap: str,
     topic: str,
-    records: Iterable[tuple[bytes | None, bytes]],
+    records: Iterable[tuple[bytes | None, bytes | None]],
     *,
     rate: float | None = None,
     partition: int | None = None,
@@ -68,9 +71,10 @@ def produce(
     """Send every (key, value) of ``records`` to ``topic``; return how many were sent.
 
     Keyed records go to murmur2(key) partitions (as the Java client does), unless ``partition``
-    is given. ``rate`` caps records per second with a token bucket. Waits for every delivery and
-    raises a KappaError on the first failed one, ServiceUnavailableError if the broker does not
-    take them within ``timeout_s`` of the last record.
+    is given. A ``None`` value is sent as a null value (a tombstone). ``rate`` caps records per
+    second with a token bucket. Waits for every delivery and raises a KappaError on the first
+    failed one, ServiceUnavailableError if the broker does not take them within ``timeout_s`` of
+    the last record.
     """
     failures: list[KafkaError] = []
 

@@ -23,10 +23,13 @@ from orchestrator.errors import KappaError, LogGapError, ServiceUnavailableError
 from orchestrator.kafka.admin import base_config, kafka_errors, translate
 from orchestrator.kafka.offsets import log_bounds
 
-__all__ = ["Record", "read_all", "read_range"]
+__all__ = ["Record", "RecordWithHeaders", "read_all", "read_range"]
 
 # (offset, timestamp in ms since the epoch, key, value)
 Record = tuple[int, int, bytes | None, bytes | None]
+# The same with the record's headers last: [(name, value)] or None when it has none.
+RecordWithHeaders = tuple[int, int, bytes | None, bytes | None,
+                          list[tuple[str, bytes | None]] | None]
 
 _OFFSET = itemgetter(0)
 _EOF = KafkaError._PARTITION_EOF
@@ -65,8 +68,12 @@ def read_range(
     *,
     batch_size: int = 10_000,
     timeout_s: float = 30.0,
+    headers: bool = False,
 ) -> Iterator[list[Record]]:
     """Yield lists of records covering offsets [start, end) of one partition exactly.
+
+    With ``headers`` each record is a :data:`RecordWithHeaders` (typed as Record for callers
+    that do not ask for them).
 
     Lists hold at most ``batch_size`` records and are never empty. Uses ``group_id`` with
     ``assign()`` (no group join) and commits nothing. Raises LogGapError if ``start`` is below
@@ -107,11 +114,18 @@ def read_range(
                         log_end=log_end,
                     )
                 continue
-            records = cast(
-                list[Record],
-                [(m.offset(), m.timestamp()[1], m.key(), m.value()) for m in msgs
-                 if m.error() is None],
-            )
+            if headers:
+                records = cast(
+                    list[Record],
+                    [(m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
+                     for m in msgs if m.error() is None],
+                )
+            else:
+                records = cast(
+                    list[Record],
+                    [(m.offset(), m.timestamp()[1], m.key(), m.value()) for m in msgs
+                     if m.error() is None],
+                )
             reached: int | None = None
             if len(records) != len(msgs):
                 reached, transient = _handle_errors(consumer, msgs, bootstrap, where, start)

@@ -14,22 +14,28 @@ import os
 import sys
 import threading
 import time
-import types
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from orchestrator.catalog import runs, versions
-from orchestrator.catalog.batches import StaleDriverError, apply_batch, total_records
-from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
-from orchestrator.errors import KappaError
+from orchestrator.catalog.batches import StaleDriverError, apply_batch
+from orchestrator.catalog.output import create_stage
+from orchestrator.errors import JobFileError, KappaError
 from orchestrator.kafka.groups import GroupMirror
 from orchestrator.lag import lag_records
-from orchestrator.models import DeployedVersion, Offsets
+from orchestrator.models import DELETE_COLUMN, KAFKA_COLUMNS, DeployedVersion, Offsets
+from orchestrator.naming import stage_table
+from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.checkpoint import batch_end_offsets
+from orchestrator.spark.jobcode import load_transform, materialize
 from orchestrator.spark.session import build_session
+from orchestrator.spark.shape import JobError, shape_output
 from orchestrator.spark.source import SOURCE_NAME, KafkaLogSource, source_options
+from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, stage_writer
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.driver")
@@ -44,30 +50,26 @@ def _connect(dsn: str) -> psycopg.Connection:
     return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
 
 
-def load_transform(version: DeployedVersion) -> Any:
-    """Run the deployed source stored in the catalog, not the file, which may have changed."""
-    module = types.ModuleType(f"kappa_job_{version.job}_{version.version}")
-    module.__file__ = version.spec.path
-    code = compile(version.spec.source, f"{version.spec.path} (deployed)", "exec")
-    exec(code, module.__dict__)
-    return module.transform
+class BatchCommit:
+    """The foreachBatch function: executors stage the batch's output rows, then one catalog
+    transaction commits them with the batch's dead letters and offsets.
 
-
-class BatchSink:
-    """The foreachBatch function: transform, then commit rows, dead letters and offsets at once."""
+    ``prepare`` turns the batch's DataFrame into the output: a batch job's transform, or nothing
+    for a stream job, whose transform is part of the streaming query itself.
+    """
 
     def __init__(self, settings: Settings, version: DeployedVersion, attempt: int,
-                 conn: psycopg.Connection, transform: Any, bootstrap: str):
+                 conn: psycopg.Connection, prepare: Callable[[Any], Any], bootstrap: str):
         self.settings, self.version, self.attempt = settings, version, attempt
-        self.conn, self.transform = conn, transform
+        self.conn, self.prepare = conn, prepare
         self.conn_dsn = settings.require_services()[0]
         self.mirror = GroupMirror(bootstrap, version.consumer_group)
         self.stale = False
+        spec = version.spec
+        self.stage = (settings.data_schema, stage_table(spec.name, spec.version))
+        self.columns = (*spec.output_columns, DELETE_COLUMN)
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
         ckpt = self.version.checkpoint_dir
         end = batch_end_offsets(ckpt, batch_id)
         if end is None:
@@ -79,38 +81,24 @@ class BatchSink:
             self._mirror(end)
             return
         began = time.monotonic()
-        spec = self.version.spec
-        # One pass over the batch: dead letters (rare) ride along as an observed metric of the
-        # output query, instead of caching the batch or reading it twice.
-        observed = Observation(f"kappa_batch_{batch_id}")
-        dead_struct = F.struct(*[F.col(c) for c in DEAD_LETTER_COLUMNS])
-        watched = df.observe(
-            observed,
-            F.count(F.lit(1)).alias("rows"),
-            F.collect_list(F.when(F.col("error").isNotNull(), dead_struct)).alias("dead"),
-        )
-        valid = watched.where(F.col("error").isNull()).select(*[n for n, _ in spec.event_schema])
-        output = self.transform(valid).select(*spec.output_columns)
-        rows = [tuple(r) for r in output.collect()]
-        metrics = observed.get
-        # A re-executed stage can report a row twice: the dead-letter key is the offset.
-        dead = list({(r[0], r[1], r[2]): tuple(r) for r in metrics["dead"]}.values())
-        expected = total_records(start, end)
-        if metrics["rows"] != expected:
-            log.warning("batch %d: read %d records for an offset range of %d", batch_id,
-                        metrics["rows"], expected)
+        output = shape_output(self.prepare(df), self.version.spec)
+        write_id = uuid.uuid4().hex
+        # Executors COPY their partitions; only one summary row per task comes back.
+        written = output.mapInArrow(stage_writer(self.stage, self.columns, write_id),
+                                    WRITE_RESULT_SCHEMA).collect()
         try:
             result = apply_batch(self.conn, self.settings.catalog_schema,
                                  self.settings.data_schema, self.version, self.attempt,
-                                 batch_id, start, end, rows, dead)
+                                 batch_id, start, end, write_id)
         except StaleDriverError:
             self.stale = True
             raise
         self._mirror(end)
         seconds = time.monotonic() - began
-        log.info("batch %d: %d records, %d output rows, %d dead letters, applied=%s, "
-                 "%.2fs (%.0f records/s)", batch_id, result.records, result.output_rows,
-                 result.dead_letters, result.applied, seconds,
+        log.info("batch %d: %d records, %d rows staged by %d tasks, %d output rows changed, "
+                 "%d dead letters, applied=%s, %.2fs (%.0f records/s)", batch_id,
+                 result.records, sum(r["rows"] for r in written), len(written),
+                 result.output_rows, result.dead_letters, result.applied, seconds,
                  result.records / seconds if seconds else 0.0)
 
     def reconnect(self) -> None:
@@ -167,7 +155,8 @@ class Driver:
         self.dsn, self.bootstrap = settings.require_services()
         self.attempt = attempt
         self.conn = _connect(self.dsn)
-        self.version = versions.get(self.conn, settings.catalog_schema, job, version_label)
+        deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
+        self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
 
     def set_state(self, target: RunState, reason: str | None = None, **changes: Any) -> None:
         with self.conn.transaction():
@@ -179,13 +168,24 @@ class Driver:
 
     def run(self) -> None:
         s = self.settings
+        code = materialize(self.version)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(code), os.environ.get("PYTHONPATH")) if p)
         spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}")
         spark.dataSource.register(KafkaLogSource)
+        try:
+            self.transform = load_transform(self.version, code, spark)
+        except JobFileError as exc:
+            raise JobError(str(exc)) from exc
+        with self.conn.transaction():
+            # Versions deployed before stage tables existed get theirs now.
+            create_stage(self.conn, s.data_schema, self.version.spec)
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
-        sink = BatchSink(s, self.version, self.attempt, _connect(self.dsn),
-                         load_transform(self.version), self.bootstrap)
+        sink = BatchCommit(s, self.version, self.attempt, _connect(self.dsn),
+                           self._batch_transform if self.version.spec.mode == "batch"
+                           else _unchanged, self.bootstrap)
 
         for round_ in range(_MAX_CATCH_UP_ROUNDS):
             self._run_resilient(spark, sink, live=False)
@@ -201,10 +201,11 @@ class Driver:
         self.set_state(RunState.LIVE)
         self._run_resilient(spark, sink, live=True)
 
-    def _run_resilient(self, spark: Any, sink: BatchSink, *, live: bool) -> None:
+    def _run_resilient(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
         """Run a query; when it fails (e.g. the broker or PostgreSQL went away for a while),
         restart it from the checkpoint with a growing pause. Exactly-once makes that safe; too
-        many failures in ten minutes fail the driver."""
+        many failures in ten minutes fail the driver. A mistake in the job's code fails it at
+        once: running it again cannot help."""
         failures: list[float] = []
         while True:
             try:
@@ -213,6 +214,9 @@ class Driver:
             except Exception as exc:
                 if sink.stale or "StaleDriverError" in str(exc):
                     raise
+                job_error = _job_error(exc)
+                if job_error is not None:
+                    raise job_error from exc
                 now = time.monotonic()
                 failures = [t for t in failures if now - t < _FAILURE_WINDOW_S] + [now]
                 if len(failures) > _MAX_QUERY_FAILURES:
@@ -229,22 +233,76 @@ class Driver:
         if self.conn.closed or self.conn.broken:
             self.conn = _connect(self.dsn)
 
-    def _run_query(self, spark: Any, sink: BatchSink, *, live: bool) -> None:
+    def _streams(self, spark: Any, *, live: bool) -> dict[str, Any]:
+        """One streaming DataFrame per topic, each from its own source."""
         s, v = self.settings, self.version
-        options = source_options(
-            bootstrap=self.bootstrap, topics=list(v.spec.topics), group_id=v.consumer_group,
-            event_schema=list(v.spec.event_schema), non_negative=list(v.spec.non_negative),
-            start_offsets=v.log_start, chunk_records=_LIVE_CHUNK if live else s.chunk_records,
-            max_batch_records=s.max_batch_records,
-        )
-        writer = (spark.readStream.format(SOURCE_NAME).options(**options).load()
-                  .writeStream.foreachBatch(sink).option("checkpointLocation", v.checkpoint_dir)
+        streams = {}
+        for source in v.spec.inputs:
+            options = source_options(
+                bootstrap=self.bootstrap, source=source, group_id=v.consumer_group,
+                start_offsets=v.log_start, chunk_records=_LIVE_CHUNK if live else s.chunk_records,
+                max_batch_records=s.max_batch_records, version_id=v.id,
+                catalog_schema=s.catalog_schema)
+            streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
+        return streams
+
+    def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
+        """The streaming DataFrame the sink receives, and Spark's output mode."""
+        spec = self.version.spec
+        streams = self._streams(spark, live=live)
+        if spec.mode == "batch":
+            # The transform runs per batch, in the sink: the query only reads.
+            return _union(list(streams.values())), "append"
+        events: Any = streams if spec.per_topic else _union(list(streams.values()))
+        try:
+            output = self.transform(events)
+        except Exception as exc:
+            raise JobError(f"{spec.name} {spec.version}: transform() raised "
+                           f"{type(exc).__name__}: {_spark_reason(exc)}; fix the job and "
+                           "redeploy under a new VERSION") from exc
+        if not getattr(output, "isStreaming", False):
+            raise JobError(f"{spec.name} {spec.version}: transform() returned a "
+                           f"{type(output).__name__} that is not a streaming DataFrame, but "
+                           "MODE is \"stream\": build the result from the streaming events it "
+                           "gets (no spark.read, collect() or toPandas()), or drop MODE")
+        return shape_output(output, spec), ("update" if spec.output_mode == "upsert"
+                                            else "append")
+
+    def _batch_transform(self, df: Any) -> Any:
+        """A batch job's transform of one micro-batch, given one DataFrame per topic if the
+        job declared EVENT_SCHEMAS."""
+        from pyspark.sql import functions as F
+
+        spec = self.version.spec
+        if not spec.per_topic:
+            return self.transform(df)
+        per_topic = {}
+        for source in spec.inputs:
+            fields = [name for name, _ in parse_ddl(source.schema).fields]
+            per_topic[source.topic] = df.where(F.col("kafka_topic") == source.topic).select(
+                *KAFKA_COLUMNS, *fields)
+        return self.transform(per_topic)
+
+    def _run_query(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
+        s, v = self.settings, self.version
+        stream, output_mode = self._query(spark, live=live)
+        writer = (stream.writeStream.outputMode(output_mode).foreachBatch(sink)
+                  .option("checkpointLocation", v.checkpoint_dir)
                   .queryName(f"{v.job}__{v.version}__{'live' if live else 'catchup'}"))
         if live:
             writer = writer.trigger(processingTime=f"{s.live_trigger_seconds} seconds")
         else:
             writer = writer.trigger(availableNow=True)
-        query = writer.start()
+        try:
+            query = writer.start()
+        except Exception as exc:
+            if "AnalysisException" not in type(exc).__name__:
+                raise
+            hint = (_OUTPUT_MODE_HINT if "output mode" in str(exc).lower()
+                    else "fix transform() and redeploy under a new VERSION")
+            raise JobError(f"{v.job} {v.version}: Spark cannot run transform()'s query with "
+                           f"OUTPUT_MODE \"{v.spec.output_mode}\": {_spark_reason(exc)}; "
+                           f"{hint}") from exc
         query.awaitTermination()
 
     def _lag(self) -> int:
@@ -256,6 +314,37 @@ class Driver:
         bounds = log_bounds(self.bootstrap, list(self.version.spec.topics))
         ends = {key: end for key, (_, end) in bounds.items()}
         return lag_records(processed, ends)
+
+
+_OUTPUT_MODE_HINT = ("an aggregation without a watermark needs OUTPUT_MODE \"upsert\"; "
+                     "redeploy under a new VERSION")
+
+
+def _unchanged(df: Any) -> Any:
+    return df
+
+
+def _union(streams: list[Any]) -> Any:
+    """One DataFrame of several topics' events; columns a topic lacks are null."""
+    first, *rest = streams
+    for other in rest:
+        first = first.unionByName(other, allowMissingColumns=True)
+    return first
+
+
+def _spark_reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
+
+
+def _job_error(exc: BaseException) -> JobError | None:
+    """A JobError raised in the sink reaches us wrapped in Spark's StreamingQueryException."""
+    if isinstance(exc, JobError):
+        return exc
+    for line in str(exc).splitlines():
+        if "JobError:" in line:
+            return JobError(line.split("JobError:", 1)[1].strip()[:500])
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.settings import Settings
+from orchestrator.spark.writer import DSN_VARIABLE
 
 # Fast start of a short-lived JVM; the replay is CPU-bound in Python workers, not in the JIT.
 _DRIVER_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Spark's default pattern, plus the names our secrets travel under.
+_REDACT = "(?i)secret|password|token|access[.]?key|dsn"
 
 
-def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
+def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dict[str, str]:
     conf = {
         "spark.app.name": app_name,
         "spark.master": settings.spark_master,
@@ -25,7 +29,18 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "false",
         "spark.sql.streaming.stopGracefullyOnShutdown": "false",
         "spark.python.worker.reuse": "true",
+        # Stream jobs keep their state in the version's own checkpoint, in RocksDB, with
+        # changelog checkpointing: a batch writes what changed, not the whole state.
+        "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # Timestamps render the same whatever the host's zone: a replay elsewhere is identical.
+        "spark.sql.session.timeZone": "UTC",
+        # Executors write into PostgreSQL themselves (orchestrator.spark.writer): they get the
+        # DSN through their environment; redaction keeps it out of any listing of the conf.
+        "spark.redaction.regex": _REDACT,
     }
+    if dsn is not None:
+        conf[f"spark.executorEnv.{DSN_VARIABLE}"] = dsn
     if settings.spark_master.startswith("spark://"):
         conf.update({
             "spark.executor.memory": settings.spark_executor_memory,
@@ -39,6 +54,6 @@ def build_session(settings: Settings, app_name: str) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, app_name).items():
+    for key, value in spark_conf(settings, app_name, settings.pg_dsn).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

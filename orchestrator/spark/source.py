@@ -1,9 +1,11 @@
-"""A Spark Python Data Source that streams Kafka topics through confluent-kafka.
+"""A Spark Python Data Source that streams one Kafka topic through confluent-kafka.
 
 PySpark bundles no Kafka connector and no Maven repository is reachable, so this source reads the
-log itself. Offsets are ``{"<topic>": {"<partition>": next offset}}``. Each record becomes one row:
-valid events carry their parsed fields, invalid ones their raw bytes and the error, so that the
-sink can route them to the dead-letter table and every offset is accounted for.
+log itself; a job reads several topics through one source each. Offsets are
+``{"<topic>": {"<partition>": next offset}}``. Each valid record becomes one row: the Kafka
+metadata columns, then the declared event fields. Invalid records (and tombstones, unless the job
+passes them) never enter Spark: the task that read them stages them as dead letters, and the
+batch's commit moves them into the dead-letter table, so every offset is accounted for.
 """
 
 from __future__ import annotations
@@ -21,41 +23,39 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from orchestrator.lag import split_range, take_records
+from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
+from orchestrator.schema import parse_ddl
+from orchestrator.spark.arrow import arrow_fields
 
 SOURCE_NAME = "kappa_kafka"
-META_COLUMNS = (
-    ("topic", "string", pa.string()),
-    ("partition", "int", pa.int32()),
-    ("offset", "bigint", pa.int64()),
-    ("timestamp_ms", "bigint", pa.int64()),
-    ("key", "binary", pa.binary()),
-    ("raw", "binary", pa.binary()),
-    ("error", "string", pa.string()),
+_HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
+KAFKA_FIELDS = (
+    pa.field("kafka_topic", pa.string()),
+    pa.field("kafka_partition", pa.int32()),
+    pa.field("kafka_offset", pa.int64()),
+    pa.field("kafka_timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("kafka_key", pa.string()),
+    pa.field("kafka_headers", pa.list_(_HEADER)),
 )
-_EVENT_TYPES = {
-    "long": ("bigint", pa.int64()),
-    "string": ("string", pa.string()),
-    "double": ("double", pa.float64()),
-    "boolean": ("boolean", pa.bool_()),
-}
+KAFKA_DDL = ("`kafka_topic` string, `kafka_partition` int, `kafka_offset` bigint, "
+             "`kafka_timestamp` timestamp, `kafka_key` string, "
+             "`kafka_headers` array<struct<key:string,value:binary>>")
 _ROWS_PER_ARROW_BATCH = 20_000
 
 
-def source_options(*, bootstrap: str, topics: list[str], group_id: str,
-                   event_schema: list[tuple[str, str]], non_negative: list[str],
+def source_options(*, bootstrap: str, source: TopicInput, group_id: str,
                    start_offsets: dict[str, dict[str, int]], chunk_records: int,
-                   max_batch_records: int) -> dict[str, str]:
+                   max_batch_records: int, version_id: int, catalog_schema: str
+                   ) -> dict[str, str]:
     return {
-        "bootstrap": bootstrap, "topics": json.dumps(topics), "group_id": group_id,
-        "event_schema": json.dumps(event_schema), "non_negative": json.dumps(non_negative),
-        "start_offsets": json.dumps(start_offsets), "chunk_records": str(chunk_records),
-        "max_batch_records": str(max_batch_records),
+        "bootstrap": bootstrap, "topic": source.topic, "group_id": group_id,
+        "schema": source.schema, "non_negative": json.dumps(list(source.non_negative)),
+        "tombstones": source.tombstones,
+        "start_offsets": json.dumps({source.topic: start_offsets.get(source.topic, {})}),
+        "chunk_records": str(chunk_records), "max_batch_records": str(max_batch_records),
+        "version_id": str(version_id), "catalog_schema": catalog_schema,
     }
-
-
-def _event_schema(options: dict[str, str]) -> list[tuple[str, str]]:
-    return [(name, kind) for name, kind in json.loads(options["event_schema"])]
 
 
 class KafkaRange(InputPartition):
@@ -70,9 +70,7 @@ class KafkaLogSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        meta = [f"`{n}` {t}" for n, t, _ in META_COLUMNS]
-        fields = [f"`{n}` {_EVENT_TYPES[k][0]}" for n, k in _event_schema(dict(self.options))]
-        return ", ".join(meta + fields)
+        return f"{KAFKA_DDL}, {self.options['schema']}"
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaStreamReader(dict(self.options))
@@ -82,7 +80,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
         self.options = options
         self.bootstrap = options["bootstrap"]
-        self.topics: list[str] = json.loads(options["topics"])
+        self.topic = options["topic"]
         self.group_id = options["group_id"]
         self.chunk_records = int(options["chunk_records"])
         self.max_batch_records = int(options["max_batch_records"])
@@ -95,7 +93,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         if self._probe is None:
             self._probe = LogEndProbe(self.bootstrap)
-        bounds = self._probe.bounds(self.topics)
+        bounds = self._probe.bounds([self.topic])
         ends: dict[str, dict[str, int]] = {}
         for (topic, partition), (_, end) in bounds.items():
             ends.setdefault(topic, {})[str(partition)] = end
@@ -145,36 +143,47 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from orchestrator.kafka.reader import read_range
 
         assert isinstance(partition, KafkaRange)
-        schema = _event_schema(self.options)
+        schema = parse_ddl(self.options["schema"])
         parser = EventParser(schema, json.loads(self.options["non_negative"]))
-        arrow_schema = pa.schema(
-            [(n, t) for n, _, t in META_COLUMNS] + [(n, _EVENT_TYPES[k][1]) for n, k in schema]
+        builder = _BatchBuilder(
+            pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), partition.topic,
+            partition.partition, len(parser.fields),
+            pass_tombstones=self.options["tombstones"] == "pass",
+            version_id=int(self.options["version_id"]),
+            catalog_schema=self.options["catalog_schema"],
         )
-        builder = _BatchBuilder(arrow_schema, partition.topic, partition.partition, len(schema))
+        parse = parser.parse
+        add = builder.add
         for records in read_range(self.bootstrap, partition.topic, partition.partition,
-                                  partition.start, partition.end, self.group_id):
-            for offset, timestamp_ms, key, value in records:
-                values, error = parser.parse(value)
-                builder.add(offset, timestamp_ms, key, value, values, error)
+                                  partition.start, partition.end, self.group_id, headers=True):
+            for offset, timestamp_ms, key, value, headers in records:  # type: ignore[misc]
+                values, error = parse(value)
+                add(offset, timestamp_ms, key, value, headers, values, error)
+            if len(builder.dead) >= _ROWS_PER_ARROW_BATCH:
+                builder.flush_dead_letters()
             if builder.size >= _ROWS_PER_ARROW_BATCH:
                 yield builder.flush()
+        builder.flush_dead_letters()
         if builder.size:
             yield builder.flush()
 
 
 class _BatchBuilder:
-    """Column lists for one Arrow batch; invalid rows keep their raw bytes, valid ones do not."""
+    """Column lists for one Arrow batch of valid rows, and the dead letters read beside them."""
 
-    def __init__(self, schema: pa.Schema, topic: str, partition: int, n_fields: int):
+    def __init__(self, schema: pa.Schema, topic: str, partition: int, n_fields: int, *,
+                 pass_tombstones: bool, version_id: int, catalog_schema: str):
         self.schema, self.topic, self.partition, self.n_fields = schema, topic, partition, n_fields
+        self.pass_tombstones = pass_tombstones
+        self.version_id, self.catalog_schema = version_id, catalog_schema
+        self.dead: list[tuple[Any, ...]] = []
         self._reset()
 
     def _reset(self) -> None:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
         self.keys: list[bytes | None] = []
-        self.raws: list[bytes | None] = []
-        self.errors: list[str | None] = []
+        self.headers: list[list[dict[str, Any]] | None] = []
         self.fields: list[list[Any]] = [[] for _ in range(self.n_fields)]
 
     @property
@@ -182,19 +191,26 @@ class _BatchBuilder:
         return len(self.offsets)
 
     def add(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
-            values: tuple[Any, ...] | None, error: str | None) -> None:
+            headers: list[tuple[str, bytes | None]] | None, values: tuple[Any, ...] | None,
+            error: str | None) -> None:
+        if values is None:
+            if not (value is None and self.pass_tombstones):
+                self.dead.append((self.version_id, self.topic, self.partition, offset,
+                                  timestamp_ms, key, value, error))
+                return
+            values = (None,) * self.n_fields
         self.offsets.append(offset)
         self.timestamps.append(timestamp_ms)
         self.keys.append(key)
-        self.errors.append(error)
-        if values is None:
-            self.raws.append(value)
-            for column in self.fields:
-                column.append(None)
-        else:
-            self.raws.append(None)
-            for column, v in zip(self.fields, values, strict=True):
-                column.append(v)
+        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+        for column, v in zip(self.fields, values, strict=True):
+            column.append(v)
+
+    def flush_dead_letters(self) -> None:
+        from orchestrator.spark.writer import stage_dead_letters
+
+        stage_dead_letters(self.catalog_schema, self.dead)
+        self.dead = []
 
     def flush(self) -> pa.RecordBatch:
         n = self.size
@@ -202,11 +218,22 @@ class _BatchBuilder:
             pa.array([self.topic] * n, pa.string()),
             pa.array([self.partition] * n, pa.int32()),
             pa.array(self.offsets, pa.int64()),
-            pa.array(self.timestamps, pa.int64()),
-            pa.array(self.keys, pa.binary()),
-            pa.array(self.raws, pa.binary()),
-            pa.array(self.errors, pa.string()),
-        ] + [pa.array(col, self.schema.field(7 + i).type) for i, col in enumerate(self.fields)]
+            pa.array(self.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+            .cast(pa.timestamp("us", tz="UTC")),
+            _utf8(self.keys),
+            pa.array(self.headers, pa.list_(_HEADER)),
+        ] + [pa.array(col, self.schema.field(len(KAFKA_FIELDS) + i).type)
+             for i, col in enumerate(self.fields)]
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._reset()
         return batch
+
+
+def _utf8(keys: list[bytes | None]) -> pa.Array:
+    """Keys as UTF-8 strings; a key that is not UTF-8 is decoded with replacement characters."""
+    raw = pa.array(keys, pa.binary())
+    try:
+        return raw.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([k.decode("utf-8", "replace") if k is not None else None for k in keys],
+                        pa.string())

@@ -1,0 +1,149 @@
+"""Stream jobs: the shipped examples against plain-Python references, across batch sizes,
+SIGKILLs, restarts and live traffic."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import wait_until
+from integration.helpers import batches
+from integration.stream_helpers import dead_letter_offsets, example, table
+from reference_streams import Log, country_views, read_records, url_visitors, user_profiles
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+COLUMNS = {
+    "url_visitors": ("url", ["visitors", "first_seen", "last_seen"]),
+    "user_profiles": ("user_id", ["plan", "country", "city", "tags", "updated_at"]),
+    "user_profiles_v2": ("user_id", ["plan", "country", "city", "region", "tags",
+                                     "updated_at"]),
+    "country_views": ("country", ["views", "users"]),
+}
+
+
+def _reference(log: Log, which: str) -> dict[Any, tuple[Any, ...]]:
+    if which == "url_visitors":
+        return url_visitors(log)  # type: ignore[return-value]
+    if which == "country_views":
+        return country_views(log)  # type: ignore[return-value]
+    return user_profiles(log, region=which == "user_profiles_v2")
+
+
+def _job(which: str) -> str:
+    return which.removesuffix("_v2")
+
+
+def _output(settings: Any, which: str, version: str) -> dict[Any, tuple[Any, ...]]:
+    key, columns = COLUMNS[which]
+    return table(settings, f"{_job(which)}__{version}", key, columns)
+
+
+def _processed(service: Any, job: str, version: str) -> tuple[Any, int]:
+    st = service.version_status(job, version)
+    return st, sum(o for ps in st.processed_offsets.values() for o in ps.values())
+
+
+def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
+        settings, tmp_path: Path) -> None:
+    from orchestrator.kafka.producer import produce
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark import launcher
+
+    big = Orchestrator(settings)  # catch-up batches of up to 500,000 records
+    small = Orchestrator(replace(settings, max_batch_records=7_000, chunk_records=4_000))
+    tag = uuid.uuid4().hex[:8]
+    topics = {"pageviews": f"pageviews_{tag}", "profiles": f"profiles_{tag}"}
+    big.produce_sample(topics["pageviews"], 300_000, seed=51)
+    big.produce_sample(topics["profiles"], 20_000, seed=52, kind="profiles")
+    examples = ("url_visitors", "user_profiles", "country_views")
+    try:
+        for which in examples:
+            big.deploy(example(tmp_path, which, topics))
+            small.deploy(example(tmp_path, which, topics, version="small"))
+        big.deploy(example(tmp_path, "user_profiles_v2", topics))
+
+        # Three SIGKILLs of each small-batch replay at random moments, each followed by a
+        # restart: stream state and exactly-once must both survive them.
+        seed = random.randrange(1 << 30)
+        print(f"kill moments seed {seed}")
+        rng = random.Random(seed)
+        totals = {"url_visitors": 300_000, "user_profiles": 20_000, "country_views": 320_000}
+        for low, high in ((0.05, 0.25), (0.35, 0.55), (0.65, 0.85)):
+            for which in examples:
+                target = int(totals[which] * rng.uniform(low, high))
+
+                def past(which: str = which, target: int = target) -> object:
+                    st, done = _processed(small, which, "small")
+                    return st if st.pid and done >= target else None
+
+                st = wait_until(past, 300, f"{which} small to pass {target}", poll_s=0.1)
+                os.kill(st.pid, signal.SIGKILL)
+                wait_until(lambda w=which: small.version_status(w, "small").state.value
+                           == "failed", 30, "status to report the dead driver")
+                small.restart(which, "small")
+
+        log = Log(read_records(settings.kafka_bootstrap, topics["pageviews"]),
+                  read_records(settings.kafka_bootstrap, topics["profiles"]))
+        for which in examples:
+            assert small.wait(which, "small", timeout_s=600).attempt == 4
+            big.wait(which, "v1", timeout_s=600)
+            reference = _reference(log, which)
+            assert reference, which
+            assert _output(settings, which, "v1") == reference, which
+            assert _output(settings, which, "small") == reference, which
+        big.wait("user_profiles", "v2", timeout_s=600)
+        assert _output(settings, "user_profiles_v2", "v2") == _reference(log, "user_profiles_v2")
+
+        # Dead letters are exactly the invalid records (tombstones are passed, not dead).
+        for job, version in (("url_visitors", "v1"), ("user_profiles", "small"),
+                             ("country_views", "v1")):
+            dlq = f"{job}__{version}__dead_letters"
+            if job != "user_profiles":
+                assert dead_letter_offsets(settings, dlq, topics["pageviews"]) == \
+                    log.invalid_pageviews
+            if job != "url_visitors":
+                assert dead_letter_offsets(settings, dlq, topics["profiles"]) == \
+                    log.invalid_profiles
+        assert log.invalid_pageviews and log.invalid_profiles
+        for which in examples:
+            small.stop(which, "small")
+
+        # Live: new page views, profile changes and a tombstone reach every output in 10 s.
+        doomed = next(iter(_output(settings, "user_profiles", "v1")))
+        big.produce_sample(topics["pageviews"], 500, seed=53)
+        big.produce_sample(topics["profiles"], 300, seed=54, kind="profiles")
+        produce(settings.kafka_bootstrap, topics["profiles"], [(str(doomed).encode(), None)])
+        log = Log(read_records(settings.kafka_bootstrap, topics["pageviews"]),
+                  read_records(settings.kafka_bootstrap, topics["profiles"]))
+        live = {"url_visitors": "v1", "user_profiles": "v1", "user_profiles_v2": "v2",
+                "country_views": "v1"}
+        wait_until(lambda: all(_output(settings, w, v) == _reference(log, w)
+                               for w, v in live.items()), 10, "live changes in every output")
+        assert doomed not in _output(settings, "user_profiles", "v1")
+
+        # A restart resumes the state: it reads on from the processed offsets, not offset 0.
+        before = batches(settings, "url_visitors", "v1")
+        big.restart("url_visitors", "v1")
+        wait_until(lambda: big.version_status("url_visitors", "v1").state.value == "live",
+                   120, "url_visitors to go live again")
+        big.produce_sample(topics["pageviews"], 1_000, seed=55)
+        log = Log(read_records(settings.kafka_bootstrap, topics["pageviews"]), log.profiles)
+        wait_until(lambda: _output(settings, "url_visitors", "v1") == url_visitors(log), 30,
+                   "url_visitors to count the views after its restart")
+        after = [b for b in batches(settings, "url_visitors", "v1") if b[1] == 2]
+        assert after, "no batch was applied after the restart"
+        first_start = sum(after[0][2][topics["pageviews"]].values())
+        assert first_start == sum(before[-1][3][topics["pageviews"]].values()) > 0
+    finally:
+        for service in (big, small):
+            for st in service.status():
+                if st.pid:
+                    launcher.terminate(st.pid, None, grace_s=2)

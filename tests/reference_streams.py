@@ -1,0 +1,177 @@
+"""Independent references for the stream examples, computed from the log with plain Python.
+
+Shares no code with the orchestrator: it reads Kafka with confluent-kafka directly, validates
+with the standard json module, and applies each example's documented semantics in dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from reference import normalise
+
+# (partition, offset, timestamp_ms, key, value)
+Record = tuple[int, int, int, bytes | None, bytes | None]
+UNKNOWN = "unknown"
+REGIONS = {"DE": "EU", "FR": "EU", "ES": "EU", "IT": "EU", "NL": "EU", "PL": "EU", "SE": "EU",
+           "GB": "EU", "US": "NA", "CA": "NA", "MX": "NA", "BR": "SA", "AR": "SA", "JP": "APAC",
+           "IN": "APAC", "AU": "APAC", "CN": "APAC", "KR": "APAC", "SG": "APAC"}
+
+
+def read_records(bootstrap: str, topic: str) -> list[Record]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reference-streams",
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
+    try:
+        meta = consumer.list_topics(topic, timeout=10)
+        partitions = sorted(meta.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        pending, out = set(partitions), []
+        while pending:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == -191:  # partition EOF
+                    pending.discard(msg.partition())
+                    continue
+                raise RuntimeError(msg.error())
+            out.append((msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
+                        msg.value()))
+        return sorted(out)
+    finally:
+        consumer.close()
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def valid_pageview(value: bytes | None) -> dict[str, Any] | None:
+    try:
+        event = json.loads(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(event, dict):
+        return None
+    if not (_int(event.get("user_id")) and isinstance(event.get("url"), str)
+            and _int(event.get("ts")) and _int(event.get("duration_ms"))):
+        return None
+    return event if event["duration_ms"] >= 0 else None
+
+
+def valid_profile(value: bytes | None) -> dict[str, Any] | None:
+    try:
+        event = json.loads(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(event, dict):
+        return None
+    address, tags = event.get("address"), event.get("tags")
+    if not (_int(event.get("user_id")) and isinstance(event.get("plan"), str)
+            and isinstance(address, dict) and isinstance(address.get("country"), str)
+            and isinstance(address.get("city"), str) and isinstance(tags, list)
+            and all(isinstance(t, str) for t in tags)
+            and isinstance(event.get("updated_at"), str)):
+        return None
+    try:
+        event["updated_at"] = datetime.fromisoformat(event["updated_at"]).astimezone(UTC)
+    except ValueError:
+        return None
+    return event
+
+
+@dataclass
+class Log:
+    pageviews: list[Record]
+    profiles: list[Record]
+
+    @property
+    def invalid_pageviews(self) -> set[tuple[int, int]]:
+        return {(p, o) for p, o, _, _, v in self.pageviews if valid_pageview(v) is None}
+
+    @property
+    def invalid_profiles(self) -> set[tuple[int, int]]:
+        # Tombstones are passed to the job, not dead letters.
+        return {(p, o) for p, o, _, _, v in self.profiles
+                if v is not None and valid_profile(v) is None}
+
+
+def url_visitors(log: Log) -> dict[str, tuple[int, datetime, datetime]]:
+    users: dict[str, set[int]] = defaultdict(set)
+    seen: dict[str, list[int]] = {}
+    for _, _, ts, _, value in log.pageviews:
+        event = valid_pageview(value)
+        if event is None:
+            continue
+        url = normalise(event["url"])
+        users[url].add(event["user_id"])
+        first, last = seen.get(url, [ts, ts])
+        seen[url] = [min(first, ts), max(last, ts)]
+    return {url: (len(users[url]), _at(seen[url][0]), _at(seen[url][1])) for url in users}
+
+
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def latest_profiles(log: Log) -> dict[int, dict[str, Any] | None]:
+    """Per user key, the latest valid profile or None after a tombstone (offset order)."""
+    latest: dict[int, dict[str, Any] | None] = {}
+    for _, _, _, key, value in log.profiles:  # sorted by (partition, offset); a key is in one
+        if key is None:
+            continue
+        try:
+            user = int(key)
+        except ValueError:
+            continue
+        if value is None:
+            latest[user] = None
+            continue
+        profile = valid_profile(value)
+        if profile is not None:
+            latest[user] = profile
+    return latest
+
+
+def user_profiles(log: Log, *, region: bool = False) -> dict[int, tuple[Any, ...]]:
+    rows = {}
+    for user, p in latest_profiles(log).items():
+        if p is None:
+            continue
+        country = p["address"]["country"]
+        row: tuple[Any, ...] = (p["plan"], country, p["address"]["city"])
+        if region:
+            row += (REGIONS.get(country, "other"),)
+        rows[user] = (*row, p["tags"], p["updated_at"])
+    return rows
+
+
+def country_views(log: Log) -> dict[str, tuple[int, int]]:
+    latest = latest_profiles(log)
+    views: dict[int, int] = defaultdict(int)
+    for _, _, _, _, value in log.pageviews:
+        event = valid_pageview(value)
+        if event is not None:
+            views[event["user_id"]] += 1
+    named = set()
+    for _, _, _, _, value in log.profiles:
+        profile = valid_profile(value) if value is not None else None
+        if profile is not None:
+            named.add(profile["address"]["country"])
+    result: dict[str, list[int]] = {c: [0, 0] for c in named}
+    if views or latest:  # any page view or any profile record of a user
+        result.setdefault(UNKNOWN, [0, 0])
+    for p in latest.values():
+        if p is not None:
+            result[p["address"]["country"]][1] += 1
+    for user, n in views.items():
+        p = latest.get(user)
+        result[p["address"]["country"] if p is not None else UNKNOWN][0] += n
+    return {c: (v, u) for c, (v, u) in result.items()}
