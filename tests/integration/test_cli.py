@@ -44,6 +44,10 @@ def test_bad_job_files_leave_nothing_registered(settings, topic, tmp_path: Path)
                        ["invalid job name"]),
         "long.py": (good.replace('VERSION = "v1"', f'VERSION = "{"v" * 42}"'),
                     ["invalid version"]),
+        "ddl.py": (good.replace('EVENT_SCHEMA = {', 'EVENT_SCHEMA = "user_id bigint, url strng"\n'
+                                'X = {'), ["unknown type", "strng"]),
+        "topics.py": (good.replace('EVENT_SCHEMA = {', 'EVENT_SCHEMAS = {"clicks": "x bigint"}\n'
+                                   'X = {'), ["'clicks' that is not in TOPICS"]),
     }
     for name, (source, needles) in cases.items():
         path = tmp_path / name

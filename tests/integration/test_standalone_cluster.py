@@ -73,3 +73,29 @@ def test_replay_on_a_standalone_cluster_is_exact(service, settings, spark_master
         assert_batches_tile_the_log(settings, "pageview_counts", "v2", topic, ref.log_end)
     finally:
         cluster.stop("pageview_counts", "v2")
+
+
+def test_stream_job_on_a_standalone_cluster_is_exact(service, settings, spark_master: str,
+                                                     tmp_path: Path) -> None:
+    """A stateful stream job whose code and state run on the cluster's executors."""
+    import uuid
+
+    from orchestrator.service import Orchestrator
+
+    from integration.stream_helpers import dead_letter_offsets, example, table
+    from reference_streams import Log, read_records, user_profiles
+
+    settings = replace(settings, spark_master=spark_master, spark_executor_memory="1g")
+    cluster = Orchestrator(settings)
+    topic = f"profiles_{uuid.uuid4().hex[:8]}"
+    cluster.produce_sample(topic, 5_000, seed=42, kind="profiles")
+    cluster.deploy(example(tmp_path, "user_profiles", {"profiles": topic}))
+    try:
+        cluster.wait("user_profiles", "v1", timeout_s=300)
+        log = Log([], read_records(settings.kafka_bootstrap, topic))
+        columns = ["plan", "country", "city", "tags", "updated_at"]
+        assert table(settings, "user_profiles__v1", "user_id", columns) == user_profiles(log)
+        assert dead_letter_offsets(settings, "user_profiles__v1__dead_letters", topic) == \
+            log.invalid_profiles
+    finally:
+        cluster.stop("user_profiles", "v1")

@@ -147,3 +147,53 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
             for st in service.status():
                 if st.pid:
                     launcher.terminate(st.pid, None, grace_s=2)
+
+
+_BAD_STREAM = '''
+NAME = "bad"
+VERSION = "{version}"
+MODE = "stream"
+TOPICS = ["{topic}"]
+EVENT_SCHEMA = "user_id bigint, url string, ts bigint, duration_ms bigint"
+KEY_COLUMNS = ["url"]
+OUTPUT_SCHEMA = {{"url": "text", "views": "bigint"}}
+{extra}
+
+def transform(events):
+    from pyspark.sql import functions as F
+{body}
+'''
+_BAD = {
+    # (extra declarations, body, what the one-line reason says)
+    "batch": ("", "    return events.sparkSession.range(3).selectExpr('\"/\" AS url', "
+              "'id AS views')", "not a streaming DataFrame"),
+    "append": ('OUTPUT_MODE = "append"', "    return events.groupBy('url').agg("
+               "F.count(F.lit(1)).alias('views'))", 'OUTPUT_MODE "append"'),
+    "delete": ("", "    return events.groupBy('url').agg(F.count(F.lit(1)).alias('views'))"
+               ".withColumn('_delete', F.lit('yes'))", "_delete is string"),
+}
+
+
+def test_stream_jobs_that_cannot_run_fail_at_once_with_one_line(service, settings, topic,
+                                                                 tmp_path: Path) -> None:
+    from conftest import kappa_cli
+
+    service.produce_sample(topic, 200, seed=61)
+    paths = {}
+    for version, (extra, body, _) in _BAD.items():
+        paths[version] = tmp_path / f"bad_{version}.py"
+        paths[version].write_text(_BAD_STREAM.format(version=version, topic=topic,
+                                                     extra=extra, body=body))
+    for version in ("append", "delete"):
+        service.deploy(paths[version])
+    # The CLI's `deploy --wait` says why in one line.
+    result = kappa_cli(settings, "deploy", str(paths["batch"]), "--wait", "--timeout", "300")
+    assert result.returncode == 1, result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("Error: ") and _BAD["batch"][2] in line, line
+    for version, (_, _, says) in _BAD.items():
+        st = wait_until(lambda v=version: (s := service.version_status("bad", v)).state.value
+                        == "failed" and s, 300, f"bad {version} to fail")
+        assert says in st.reason and "\n" not in st.reason, st.reason
+        # Failed at once: a mistake in the job is not retried like an outage.
+        assert "restarting it from the checkpoint" not in Path(st.log_path).read_text()
