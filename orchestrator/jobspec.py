@@ -37,6 +37,11 @@ ENTRY_FILE = "job.py"  # the declarations of a directory job
 _MAX_FILES = 200
 _MAX_BYTES = 10 * 1024 * 1024
 _SKIPPED_DIRS = {"__pycache__"}
+_NUMERIC_RULES = ("sum", "min", "max", "replace")
+_MERGEABLE = {"bigint": _NUMERIC_RULES, "integer": _NUMERIC_RULES,
+              "double precision": _NUMERIC_RULES, "numeric": _NUMERIC_RULES,
+              "text": ("min", "max", "replace"), "timestamptz": ("min", "max", "replace"),
+              "boolean": ("min", "max", "replace")}
 
 
 def fingerprint(source: str) -> str:
@@ -170,6 +175,12 @@ def _build_spec(lit: dict[str, Any], source: str, where: str, path: str,
     unknown = [c for c in merge_raw if c not in values]
     if unknown:
         raise JobFileError(f"{where}: MERGE names column(s) {unknown} that are not value columns")
+    kinds = dict(output_schema)
+    for column, rule in merge_raw.items():
+        if rule not in _MERGEABLE.get(kinds[column], ("replace",)):
+            raise JobFileError(f"{where}: MERGE {column!r}: {rule!r} does not apply to a "
+                               f"{kinds[column]} column; use "
+                               f"{' or '.join(_MERGEABLE.get(kinds[column], ('replace',)))}")
     # A value column without a rule is replaced by the latest batch's value.
     merge = tuple((c, str(merge_raw.get(c, "replace"))) for c in values)
     return JobSpec(

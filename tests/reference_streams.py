@@ -81,7 +81,8 @@ def valid_profile(value: bytes | None) -> dict[str, Any] | None:
             and isinstance(event.get("updated_at"), str)):
         return None
     try:
-        event["updated_at"] = datetime.fromisoformat(event["updated_at"]).astimezone(UTC)
+        at = datetime.fromisoformat(event["updated_at"])
+        event["updated_at"] = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
     except ValueError:
         return None
     return event

@@ -33,6 +33,14 @@ _MERGE_SQL = {
 }
 
 
+# Aggregates that merge one batch's rows of a key by a MERGE rule (PostgreSQL has no min/max of
+# booleans); keyed by "is the column boolean".
+_AGGREGATE = {
+    False: {"sum": "sum", "min": "min", "max": "max"},
+    True: {"min": "bool_and", "max": "bool_or"},
+}
+
+
 class StaleDriverError(KappaError):
     """This driver's attempt was replaced by `kappa restart` or a stop: it must exit."""
 
@@ -114,11 +122,18 @@ def _move_output(conn: psycopg.Connection, data_schema: str, version: DeployedVe
     columns = sql.SQL(", ").join(map(sql.Identifier, spec.output_columns))
     keys = sql.SQL(", ").join(map(sql.Identifier, spec.key_columns))
     # Each task's rows commit with the task; a task that ran twice (a retried stage, a
-    # speculative copy) staged its rows twice, so only its first attempt's rows count.
-    staged = sql.SQL(
-        "(SELECT * FROM {stage} WHERE _write = %(w)s AND (_task, _attempt) IN "
-        "(SELECT _task, min(_attempt) FROM {stage} WHERE _write = %(w)s GROUP BY _task))"
-    ).format(stage=stage)
+    # speculative copy) staged its rows twice, so only its first attempt's rows count. The
+    # attempts are chosen once, so that a late attempt committing meanwhile changes nothing.
+    chosen = conn.execute(sql.SQL(
+        "SELECT _task, min(_attempt) FROM {} WHERE _write = %s GROUP BY _task"
+    ).format(stage), (write_id,)).fetchall()
+    if not chosen:
+        conn.execute(sql.SQL("DELETE FROM {}").format(stage))
+        return 0
+    staged = sql.SQL("(SELECT * FROM {} WHERE _write = %(w)s AND (_task, _attempt) IN ({}))") \
+        .format(stage, sql.SQL(", ").join(sql.SQL("({}, {})").format(sql.Literal(t),
+                                                                      sql.Literal(a))
+                                          for t, a in chosen))
     params = {"w": write_id}
     what = f"{spec.name} {spec.version} batch {batch_id}"
     changed = 0
@@ -174,9 +189,11 @@ def _merged_selection(spec: JobSpec) -> sql.Composable | None:
     rules = dict(spec.merge)
     if spec.output_mode != "upsert" or not rules or "replace" in rules.values():
         return None
+    kinds = dict(spec.output_schema)
     return sql.SQL(", ").join(
         sql.Identifier(c) if c not in rules
-        else sql.SQL("{}({})").format(sql.SQL(rules[c]), sql.Identifier(c))
+        else sql.SQL("{}({})").format(sql.SQL(_AGGREGATE[kinds[c] == "boolean"][rules[c]]),
+                                      sql.Identifier(c))
         for c in spec.output_columns)
 
 

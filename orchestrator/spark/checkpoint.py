@@ -17,6 +17,12 @@ def batch_end_offsets(checkpoint_dir: str | Path, batch_id: int) -> Offsets | No
     if not path.is_file():
         return None
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    # Line 0 is the log version, line 1 the batch metadata, then one line per source.
-    offsets: Offsets = json.loads(lines[2])
-    return {t: {str(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()}
+    # Line 0 is the log version, line 1 the batch metadata, then one line per source: a job
+    # reads each topic through its own source, and each source's offsets name their topic.
+    offsets: Offsets = {}
+    for line in lines[2:]:
+        if line.strip() == "-":  # a source with no offset yet
+            continue
+        for topic, partitions in json.loads(line).items():
+            offsets.setdefault(topic, {}).update({str(p): int(o) for p, o in partitions.items()})
+    return offsets

@@ -12,10 +12,14 @@ from orchestrator.errors import KappaError
 from orchestrator.models import DELETE_COLUMN, JobSpec
 
 # Spark types (their simpleString, before any "(" or "<") that each PostgreSQL column takes.
+_SCALARS = {"string", "bigint", "int", "smallint", "tinyint", "double", "float", "decimal",
+            "boolean", "timestamp", "timestamp_ntz", "date"}
+# PostgreSQL casts or range-checks what Spark's types do not settle (a count() into an integer
+# column fails only if a count does not fit).
 _ACCEPTS = {
-    "text": {"string"},
-    "bigint": {"bigint", "int", "smallint", "tinyint"},
-    "integer": {"int", "smallint", "tinyint"},
+    "text": _SCALARS,
+    "bigint": {"bigint", "int", "smallint", "tinyint", "decimal"},
+    "integer": {"bigint", "int", "smallint", "tinyint", "decimal"},
     "double precision": {"double", "float", "bigint", "int", "smallint", "tinyint", "decimal"},
     "boolean": {"boolean"},
     "numeric": {"decimal", "bigint", "int", "smallint", "tinyint", "double", "float"},

@@ -68,6 +68,8 @@ def test_a_directory_job_is_fingerprinted_by_every_file(tmp_path: Path) -> None:
     (('TOPICS = ["a"]', 'TOPICS = ["a"]\nNON_NEGATIVE = ["address.city"]'), "NON_NEGATIVE"),
     (('TOPICS = ["a"]', 'TOPICS = ["a"]\nOUTPUT_MODE = "append"\nMERGE = {"doc": "sum"}'),
      "MERGE applies to"),
+    (('TOPICS = ["a"]', 'TOPICS = ["a"]\nMERGE = {"doc": "max"}'),
+     "'max' does not apply to a jsonb column"),
 ])
 def test_bad_stream_declarations_get_one_line_errors(change: tuple[str, str], message: str
                                                      ) -> None:
@@ -97,3 +99,15 @@ def test_replay_hazards_name_the_construct_and_line() -> None:
     (only,) = replay_hazards(parse_job_source(batch, "v1.py"))
     assert "total_duration_ms" in only and "replace" in only
     assert replay_hazards(load_job_file(ROOT / "jobs/pageview_counts/v2.py")) == []
+
+
+def test_the_offset_log_of_a_batch_holds_every_topic(tmp_path: Path) -> None:
+    from orchestrator.spark.checkpoint import batch_end_offsets
+
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "3").write_text(
+        'v1\n{"batchWatermarkMs":0}\n{"pageviews": {"0": 10, "1": 12}}\n'
+        '{"profiles": {"0": 4}}\n-\n')
+    assert batch_end_offsets(tmp_path, 3) == {"pageviews": {"0": 10, "1": 12},
+                                              "profiles": {"0": 4}}
+    assert batch_end_offsets(tmp_path, 4) is None
