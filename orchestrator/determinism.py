@@ -38,8 +38,8 @@ HAZARDS = (
     Hazard(("limit", "sample", "head", "take", "tail"),
            "keeps an arbitrary subset of each batch"),
     Hazard(("ProcessingTime",),
-           "processing-time timers fire at wall-clock times, not at positions in the log; use "
-           "TimeMode EventTime or none"),
+           "processing-time timers and timeouts fire at wall-clock times, not at positions in "
+           "the log; use event time or none"),
     Hazard(("countDistinct", "count_distinct", "approx_count_distinct", "collect_set"),
            "distinct values are counted per batch, and per-batch distinct counts do not add up "
            "across batches; use MODE = \"stream\", whose state spans batches",
@@ -87,10 +87,11 @@ def _names_used(tree: ast.AST) -> set[tuple[int, str]]:
 
 
 def _is_processing_time(node: ast.AST) -> bool:
+    names = ("processingtime", "processingtimetimeout")
     if isinstance(node, ast.Attribute):
-        return node.attr == "ProcessingTime"
+        return node.attr.lower() in names
     return isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-        node.value.lower() == "processingtime"
+        node.value.lower() in names
 
 
 def hazard_table(modes: Sequence[str] = ("batch", "stream")) -> list[tuple[str, str, str]]:

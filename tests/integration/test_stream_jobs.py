@@ -16,7 +16,15 @@ import pytest
 from conftest import wait_until
 from integration.helpers import batches
 from integration.stream_helpers import dead_letter_offsets, example, table
-from reference_streams import Log, country_views, read_records, url_visitors, user_profiles
+from reference_streams import (
+    Log,
+    country_views,
+    read_records,
+    url_visitors,
+    user_profiles,
+    valid_pageview,
+    valid_profile,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -197,3 +205,148 @@ def test_stream_jobs_that_cannot_run_fail_at_once_with_one_line(service, setting
         assert says in st.reason and "\n" not in st.reason, st.reason
         # Failed at once: a mistake in the job is not retried like an outage.
         assert "restarting it from the checkpoint" not in Path(st.log_path).read_text()
+
+
+_OPERATORS = '''
+NAME = "{name}"
+VERSION = "v1"
+MODE = "stream"
+TOPICS = ["{views}", "{profiles}"]
+EVENT_SCHEMAS = {{
+    "{views}": "user_id bigint, url string, ts bigint, duration_ms bigint",
+    "{profiles}": "user_id bigint, plan string, address struct<country: string, city: string>, "
+                  "tags array<string>, updated_at timestamp",
+}}
+{declarations}
+'''
+_JOBS = {
+    "pairs": '''
+OUTPUT_MODE = "append"
+KEY_COLUMNS = ["user_id", "url"]
+OUTPUT_SCHEMA = {{"user_id": "bigint", "url": "text"}}
+
+
+def transform(events):
+    return events["{views}"].select("user_id", "url").dropDuplicates(["user_id", "url"])
+''',
+    "joined": '''
+OUTPUT_MODE = "append"
+KEY_COLUMNS = ["view_partition", "view_offset", "profile_partition", "profile_offset"]
+OUTPUT_SCHEMA = {{"view_partition": "integer", "view_offset": "bigint",
+                 "profile_partition": "integer", "profile_offset": "bigint", "country": "text"}}
+
+
+def transform(events):
+    from pyspark.sql import functions as F
+
+    views = events["{views}"].select(
+        F.col("user_id").alias("v_user"), F.col("kafka_partition").alias("view_partition"),
+        F.col("kafka_offset").alias("view_offset"))
+    profiles = events["{profiles}"].select(
+        F.col("user_id").alias("p_user"), F.col("kafka_partition").alias("profile_partition"),
+        F.col("kafka_offset").alias("profile_offset"), F.col("address.country").alias("country"))
+    return views.join(profiles, F.col("v_user") == F.col("p_user")).drop("v_user", "p_user")
+''',
+    "counted": '''
+KEY_COLUMNS = ["user_id"]
+OUTPUT_SCHEMA = {{"user_id": "bigint", "views": "bigint"}}
+
+from pyspark.sql.streaming import StatefulProcessor
+
+
+class Counter(StatefulProcessor):
+    def init(self, handle):
+        self.count = handle.getValueState("count", "views bigint")
+
+    def handleInputRows(self, key, rows, timerValues):
+        import pandas as pd
+
+        seen = sum(len(frame) for frame in rows)
+        total = (self.count.get() or (0,))[0] + seen
+        self.count.update((total,))
+        yield pd.DataFrame({{"user_id": [key[0]], "views": [total]}})
+
+    def close(self):
+        pass
+
+
+def transform(events):
+    return events["{views}"].select("user_id").groupBy("user_id").transformWithStateInPandas(
+        statefulProcessor=Counter(), outputStructType="user_id bigint, views bigint",
+        outputMode="Update", timeMode="None")
+''',
+    "windowed": '''
+OUTPUT_MODE = "append"
+KEY_COLUMNS = ["window_start"]
+OUTPUT_SCHEMA = {{"window_start": "timestamptz", "views": "bigint"}}
+
+
+def transform(events):
+    from pyspark.sql import functions as F
+
+    return (events["{views}"].withWatermark("kafka_timestamp", "10 seconds")
+            .groupBy(F.window("kafka_timestamp", "1 minute"))
+            .agg(F.count(F.lit(1)).alias("views"))
+            .select(F.col("window.start").alias("window_start"), "views"))
+''',
+}
+
+
+def test_spark_stateful_operators_run_as_stream_jobs(service, settings, tmp_path: Path) -> None:
+    """dropDuplicates, a stream-stream join, transformWithStateInPandas and a watermarked
+    window, each as a stream job; the watermark is named in a deploy warning."""
+    from datetime import UTC, datetime
+
+    tag = uuid.uuid4().hex[:8]
+    views, profiles = f"pageviews_{tag}", f"profiles_{tag}"
+    service.produce_sample(views, 2_000, seed=91, users=200)
+    service.produce_sample(profiles, 300, seed=92, users=200)
+    warnings = {}
+    for name, body in _JOBS.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(_OPERATORS.format(name=name, views=views, profiles=profiles,
+                                          declarations=body.format(views=views,
+                                                                   profiles=profiles)))
+        warnings[name] = service.deploy(path).warnings
+    assert [w.split(": ")[1] for w in warnings["windowed"]] == ["withWatermark"]
+    assert not warnings["pairs"] and not warnings["joined"] and not warnings["counted"]
+    for name in _JOBS:
+        service.wait(name, "v1", timeout_s=600)
+
+    log = Log(read_records(settings.kafka_bootstrap, views),
+              read_records(settings.kafka_bootstrap, profiles))
+    valid_views = [(p, o, e) for p, o, _, _, v in log.pageviews
+                   if (e := valid_pageview(v)) is not None]
+    valid_profiles = [(p, o, e) for p, o, _, _, v in log.profiles
+                      if v is not None and (e := valid_profile(v)) is not None]
+    assert _rows(settings, "pairs__v1", ["user_id", "url"]) == \
+        {(e["user_id"], e["url"]) for _, _, e in valid_views}
+    expected_pairs = {(vp, vo, pp, po, pe["address"]["country"])
+                      for vp, vo, ve in valid_views for pp, po, pe in valid_profiles
+                      if ve["user_id"] == pe["user_id"]}
+    assert expected_pairs
+    assert _rows(settings, "joined__v1", ["view_partition", "view_offset", "profile_partition",
+                                          "profile_offset", "country"]) == expected_pairs
+    counts: dict[int, int] = {}
+    for _, _, e in valid_views:
+        counts[e["user_id"]] = counts.get(e["user_id"], 0) + 1
+    assert table(settings, "counted__v1", "user_id", ["views"]) == \
+        {u: (n,) for u, n in counts.items()}
+    # Append mode emits a window once the watermark has passed its end: at most the reference.
+    per_window: dict[datetime, int] = {}
+    for _, _, ts, _, v in log.pageviews:
+        if valid_pageview(v) is not None:
+            start = datetime.fromtimestamp(ts // 60_000 * 60, UTC)
+            per_window[start] = per_window.get(start, 0) + 1
+    for start, (n,) in table(settings, "windowed__v1", "window_start", ["views"]).items():
+        assert per_window[start] == n
+
+
+def _rows(settings: Any, name: str, columns: list[str]) -> set[tuple[Any, ...]]:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return set(conn.execute(sql.SQL("SELECT {} FROM {}.{}").format(
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.Identifier(settings.data_schema), sql.Identifier(name))).fetchall())

@@ -1,18 +1,21 @@
 """The per-user state of country_views: which country a user is in, and how many views they
-made; changes to either become signed changes of the per-country totals."""
+made; changes to either become signed changes of the per-country totals.
+
+The state is kept with ``applyInPandasWithState``, which hands each user's state to the
+function in-process with the user's rows: one call per user and batch, no round trip per
+state access, so a batch touching thousands of users stays cheap.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from pyspark.sql.streaming import StatefulProcessor
-
 UNKNOWN = "unknown"
 OUTPUT = "country string, views bigint, users bigint"
+STATE = "country string, views bigint"
 
 
 def attribute_views(pageviews, profiles):
     from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
 
     views = pageviews.select(
         F.col("user_id"), F.lit(None).cast("string").alias("country"),
@@ -23,41 +26,42 @@ def attribute_views(pageviews, profiles):
         F.col("address.country").alias("country"), F.lit(True).alias("is_profile"),
         F.col("user_id").isNull().alias("deleted"), F.col("kafka_offset"))
     both = views.unionByName(changes).where(F.col("user_id").isNotNull())
-    return both.groupBy("user_id").transformWithStateInPandas(
-        statefulProcessor=Attribution(), outputStructType=OUTPUT, outputMode="Update",
-        timeMode="None")
+    return both.groupBy("user_id").applyInPandasWithState(
+        attribute, outputStructType=OUTPUT, stateStructType=STATE, outputMode="update",
+        timeoutConf=GroupStateTimeout.NoTimeout)
 
 
-class Attribution(StatefulProcessor):
-    def init(self, handle):
-        self.user = handle.getValueState("user", "country string, views bigint")
+def attribute(key, batches, state):
+    import pandas as pd
 
-    def handleInputRows(self, key, rows, timerValues):
-        import pandas as pd
+    country, views = state.get if state.exists else (None, 0)
+    changes, viewed = [], 0
+    for frame in batches:
+        is_profile = frame["is_profile"].to_numpy()
+        profiles = int(is_profile.sum())
+        viewed += len(is_profile) - profiles
+        if profiles:
+            chosen = frame[is_profile]
+            changes += zip(chosen["kafka_offset"].tolist(), chosen["deleted"].tolist(),
+                           chosen["country"].tolist(), strict=True)
+    deltas = {}  # country -> [views, users]
 
-        batch = pd.concat(list(rows), ignore_index=True)
-        country, views = self.user.get() if self.user.exists() else (None, 0)
-        deltas = defaultdict(lambda: [0, 0])  # country -> [views, users]
-        # Profile changes in log order; this batch's views are counted after them. At rest it
-        # makes no difference: every view ends up with the user's latest country.
-        for change in batch[batch["is_profile"]].sort_values("kafka_offset").itertuples():
-            new = None if change.deleted else change.country
-            deltas[country or UNKNOWN][0] -= views
-            deltas[new or UNKNOWN][0] += views
-            if country is not None:
-                deltas[country][1] -= 1
-            if new is not None:
-                deltas[new][1] += 1
-            country = new
-        viewed = int((~batch["is_profile"]).sum())
-        if viewed:
-            deltas[country or UNKNOWN][0] += viewed
-            deltas[UNKNOWN][0] += 0  # the "unknown" row exists once anything was viewed
-            views += viewed
-        self.user.update((country, views))
-        yield pd.DataFrame(
-            [(c, v, u) for c, (v, u) in deltas.items()], columns=["country", "views", "users"]
-        ).astype({"views": "int64", "users": "int64"})
+    def add(where, views_change, users_change):
+        entry = deltas.setdefault(where, [0, 0])
+        entry[0] += views_change
+        entry[1] += users_change
 
-    def close(self):
-        pass
+    # Profile changes in log order; this batch's views are counted after them. At rest it
+    # makes no difference: every view ends up with the user's latest country.
+    for _, deleted, changed_to in sorted(changes):
+        new = None if deleted else changed_to
+        add(country or UNKNOWN, -views, -1 if country is not None else 0)
+        add(new or UNKNOWN, views, 1 if new is not None else 0)
+        country = new
+    if viewed:
+        add(country or UNKNOWN, viewed, 0)
+        add(UNKNOWN, 0, 0)  # the "unknown" row exists once anything was viewed
+        views += viewed
+    state.update((country, int(views)))
+    yield pd.DataFrame({"country": list(deltas), "views": [v for v, _ in deltas.values()],
+                        "users": [u for _, u in deltas.values()]})

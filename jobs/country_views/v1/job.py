@@ -14,7 +14,7 @@ records interleave or where batches were cut:
   "unknown" as soon as there is any valid profile record or page view, even when its counts
   are zero: which keys exist must not depend on the interleaving either.
 
-The state is kept per user (country, views) by `attribution.Attribution`; it emits signed
+The state is kept per user (country, views) by `attribution.attribute`; it emits signed
 changes per country, which the table sums (MERGE): a user who moves from DE to FR with 7 views
 gives DE (-7 views, -1 user) and FR (+7, +1).
 """
