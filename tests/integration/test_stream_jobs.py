@@ -69,8 +69,10 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
     small = Orchestrator(replace(settings, max_batch_records=7_000, chunk_records=4_000))
     tag = uuid.uuid4().hex[:8]
     topics = {"pageviews": f"pageviews_{tag}", "profiles": f"profiles_{tag}"}
-    big.produce_sample(topics["pageviews"], 300_000, seed=51)
-    big.produce_sample(topics["profiles"], 20_000, seed=52, kind="profiles")
+    # 500 users: each small batch touches every user's state, and per-user Python state
+    # (country_views) costs about a millisecond per user and batch.
+    big.produce_sample(topics["pageviews"], 300_000, seed=51, users=500)
+    big.produce_sample(topics["profiles"], 20_000, seed=52, kind="profiles", users=500)
     examples = ("url_visitors", "user_profiles", "country_views")
     try:
         for which in examples:
@@ -126,15 +128,16 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
 
         # Live: new page views, profile changes and a tombstone reach every output in 10 s.
         doomed = next(iter(_output(settings, "user_profiles", "v1")))
-        big.produce_sample(topics["pageviews"], 500, seed=53)
-        big.produce_sample(topics["profiles"], 300, seed=54, kind="profiles")
+        big.produce_sample(topics["pageviews"], 500, seed=53, users=500)
+        big.produce_sample(topics["profiles"], 300, seed=54, kind="profiles", users=500)
         produce(settings.kafka_bootstrap, topics["profiles"], [(str(doomed).encode(), None)])
         log = Log(read_records(settings.kafka_bootstrap, topics["pageviews"]),
                   read_records(settings.kafka_bootstrap, topics["profiles"]))
         live = {"url_visitors": "v1", "user_profiles": "v1", "user_profiles_v2": "v2",
                 "country_views": "v1"}
-        wait_until(lambda: all(_output(settings, w, v) == _reference(log, w)
-                               for w, v in live.items()), 10, "live changes in every output")
+        expected = {w: _reference(log, w) for w in live}
+        wait_until(lambda: all(_output(settings, w, v) == expected[w] for w, v in live.items()),
+                   10, "live changes in every output")
         assert doomed not in _output(settings, "user_profiles", "v1")
 
         # A restart resumes the state: it reads on from the processed offsets, not offset 0.
@@ -142,9 +145,10 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         big.restart("url_visitors", "v1")
         wait_until(lambda: big.version_status("url_visitors", "v1").state.value == "live",
                    120, "url_visitors to go live again")
-        big.produce_sample(topics["pageviews"], 1_000, seed=55)
+        big.produce_sample(topics["pageviews"], 1_000, seed=55, users=500)
         log = Log(read_records(settings.kafka_bootstrap, topics["pageviews"]), log.profiles)
-        wait_until(lambda: _output(settings, "url_visitors", "v1") == url_visitors(log), 30,
+        expected_visitors = url_visitors(log)
+        wait_until(lambda: _output(settings, "url_visitors", "v1") == expected_visitors, 30,
                    "url_visitors to count the views after its restart")
         after = [b for b in batches(settings, "url_visitors", "v1") if b[1] == 2]
         assert after, "no batch was applied after the restart"
