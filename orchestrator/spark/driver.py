@@ -54,8 +54,9 @@ class BatchCommit:
     """The foreachBatch function: executors stage the batch's output rows, then one catalog
     transaction commits them with the batch's dead letters and offsets.
 
-    ``prepare`` turns the batch's DataFrame into the output: a batch job's transform, or nothing
-    for a stream job, whose transform is part of the streaming query itself.
+    ``prepare`` turns the batch's DataFrame into the shaped output (``shape_output``): a batch
+    job's transform, or nothing for a stream job, whose transform and shaping are part of the
+    streaming query itself.
     """
 
     def __init__(self, settings: Settings, version: DeployedVersion, attempt: int,
@@ -81,7 +82,7 @@ class BatchCommit:
             self._mirror(end)
             return
         began = time.monotonic()
-        output = shape_output(self.prepare(df), self.version.spec)
+        output = self.prepare(df)
         write_id = uuid.uuid4().hex
         # Executors COPY their partitions; only one summary row per task comes back.
         written = output.mapInArrow(stage_writer(self.stage, self.columns, write_id),
@@ -270,18 +271,18 @@ class Driver:
 
     def _batch_transform(self, df: Any) -> Any:
         """A batch job's transform of one micro-batch, given one DataFrame per topic if the
-        job declared EVENT_SCHEMAS."""
+        job declared EVENT_SCHEMAS, shaped for the stage table."""
         from pyspark.sql import functions as F
 
         spec = self.version.spec
         if not spec.per_topic:
-            return self.transform(df)
+            return shape_output(self.transform(df), spec)
         per_topic = {}
         for source in spec.inputs:
             fields = [name for name, _ in parse_ddl(source.schema).fields]
             per_topic[source.topic] = df.where(F.col("kafka_topic") == source.topic).select(
                 *KAFKA_COLUMNS, *fields)
-        return self.transform(per_topic)
+        return shape_output(self.transform(per_topic), spec)
 
     def _run_query(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
         s, v = self.settings, self.version
