@@ -23,7 +23,12 @@ class Reference:
     log_end: dict[int, int] = field(default_factory=dict)
 
 
-def read_log(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None]]:
+# (partition, offset, timestamp_ms, key, value)
+Record = tuple[int, int, int, bytes | None, bytes | None]
+
+
+def read_records(bootstrap: str, topic: str) -> list[Record]:
+    """Every record of ``topic``, sorted by (partition, offset)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reference",
                          "enable.auto.commit": False, "enable.partition.eof": True,
                          "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
@@ -41,10 +46,15 @@ def read_log(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None]]:
                     pending.discard(msg.partition())
                     continue
                 raise RuntimeError(msg.error())
-            out.append((msg.partition(), msg.offset(), msg.value()))
-        return out
+            out.append((msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
+                        msg.value()))
+        return sorted(out)
     finally:
         consumer.close()
+
+
+def read_log(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None]]:
+    return [(p, o, v) for p, o, _, _, v in read_records(bootstrap, topic)]
 
 
 def _valid(value: bytes | None) -> dict | None:

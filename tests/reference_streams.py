@@ -12,53 +12,31 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from reference import Record, normalise, read_records
 
-from reference import normalise
-
-# (partition, offset, timestamp_ms, key, value)
-Record = tuple[int, int, int, bytes | None, bytes | None]
+__all__ = ["Log", "country_views", "read_records", "url_visitors", "user_profiles",
+           "valid_pageview", "valid_profile"]
 UNKNOWN = "unknown"
 REGIONS = {"DE": "EU", "FR": "EU", "ES": "EU", "IT": "EU", "NL": "EU", "PL": "EU", "SE": "EU",
            "GB": "EU", "US": "NA", "CA": "NA", "MX": "NA", "BR": "SA", "AR": "SA", "JP": "APAC",
            "IN": "APAC", "AU": "APAC", "CN": "APAC", "KR": "APAC", "SG": "APAC"}
 
 
-def read_records(bootstrap: str, topic: str) -> list[Record]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reference-streams",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
-    try:
-        meta = consumer.list_topics(topic, timeout=10)
-        partitions = sorted(meta.topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        pending, out = set(partitions), []
-        while pending:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == -191:  # partition EOF
-                    pending.discard(msg.partition())
-                    continue
-                raise RuntimeError(msg.error())
-            out.append((msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
-                        msg.value()))
-        return sorted(out)
-    finally:
-        consumer.close()
-
-
 def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def valid_pageview(value: bytes | None) -> dict[str, Any] | None:
+def _json_object(value: bytes | None) -> dict[str, Any] | None:
     try:
         event = json.loads(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    if not isinstance(event, dict):
+    return event if isinstance(event, dict) else None
+
+
+def valid_pageview(value: bytes | None) -> dict[str, Any] | None:
+    event = _json_object(value)
+    if event is None:
         return None
     if not (_int(event.get("user_id")) and isinstance(event.get("url"), str)
             and _int(event.get("ts")) and _int(event.get("duration_ms"))):
@@ -67,11 +45,8 @@ def valid_pageview(value: bytes | None) -> dict[str, Any] | None:
 
 
 def valid_profile(value: bytes | None) -> dict[str, Any] | None:
-    try:
-        event = json.loads(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(event, dict):
+    event = _json_object(value)
+    if event is None:
         return None
     address, tags = event.get("address"), event.get("tags")
     if not (_int(event.get("user_id")) and isinstance(event.get("plan"), str)
