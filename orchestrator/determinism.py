@@ -3,13 +3,12 @@
 A replay cuts the log into large catch-up batches, a live job into small micro-batches, and a
 crash into batches replayed from the checkpoint. The output at rest must not depend on those
 cuts. Some constructs make it depend on them; ``kappa deploy`` warns about each one it finds in
-the job's code (read with ``ast``, never run). The README's table is written from ``HAZARDS``.
+the job's code (read with ``ast``, never run). The README's table lists the same constructs.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.models import JobSpec
@@ -92,9 +91,3 @@ def _is_processing_time(node: ast.AST) -> bool:
         return node.attr.lower() in names
     return isinstance(node, ast.Constant) and isinstance(node.value, str) and \
         node.value.lower() in names
-
-
-def hazard_table(modes: Sequence[str] = ("batch", "stream")) -> list[tuple[str, str, str]]:
-    """(construct, modes, why) rows, for documentation."""
-    return [(", ".join(h.names), "/".join(m for m in modes if m in h.modes), h.why)
-            for h in HAZARDS]
