@@ -7,10 +7,11 @@ from typing import Any
 from psycopg import sql
 
 from orchestrator.catalog.db import connect
+from orchestrator.kafka_endpoint import Kafka
 from orchestrator.settings import Settings
 
 
-def topic_size(bootstrap: str, topic: str) -> int:
+def topic_size(bootstrap: Kafka, topic: str) -> int:
     from orchestrator.errors import KappaError
     from orchestrator.kafka.offsets import log_bounds
 

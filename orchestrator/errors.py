@@ -47,3 +47,8 @@ class LaunchError(KappaError):
 
 class LogGapError(KappaError):
     """Retention removed the start of the log: deploy with --allow-gap to replay what is left."""
+
+
+class LogChangedError(KappaError):
+    """The log no longer holds the position a version reached (a topic recreated, retention
+    past unread offsets): the version fails; redeploy, or `kappa restart --allow-gap`."""

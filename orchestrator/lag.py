@@ -25,14 +25,26 @@ def split_range(start: int, end: int, max_chunk: int) -> list[tuple[int, int]]:
     return chunks
 
 
-def take_records(start: Offsets, ends: Offsets, max_records: int | None) -> Offsets:
+def take_records(start: Offsets, ends: Offsets, max_records: int | None,
+                 log_starts: Offsets | None = None) -> Offsets:
     """The end offsets of the next batch: all available, or at most ``max_records`` in total,
-    shared across partitions in proportion to what each has available."""
+    shared across partitions in proportion to what each has available.
+
+    A partition that ``start`` does not know (one added to the topic after the deploy) first
+    enters a batch at its log start, from ``log_starts`` (0 when not given), with no records:
+    the next batch reads it from there, and Spark's offset log records where that began, so a
+    replay of either batch reads the same offsets."""
+    known = {(t, p) for t, ps in start.items() for p in ps}
     available = {
-        (t, p): max(0, end - start.get(t, {}).get(p, end))
-        for t, ps in ends.items() for p, end in ps.items()
+        (t, p): max(0, end - start[t][p])
+        for t, ps in ends.items() for p, end in ps.items() if (t, p) in known
     }
     result: Offsets = {t: dict(ps) for t, ps in start.items()}
+    for t, ps in ends.items():
+        for p, end in ps.items():
+            if (t, p) not in known:
+                first = (log_starts or {}).get(t, {}).get(p, 0)
+                result.setdefault(t, {})[p] = min(first, end)
     total = sum(available.values())
     budget = total if max_records is None else min(total, max(0, max_records))
     granted = {k: (n * budget // total if total else 0) for k, n in available.items()}
@@ -45,15 +57,70 @@ def take_records(start: Offsets, ends: Offsets, max_records: int | None) -> Offs
         granted[key] += extra
         remainder -= extra
     for (t, p), n in granted.items():
-        first = start.get(t, {}).get(p, ends[t][p])
-        result.setdefault(t, {})[p] = first + n
+        result[t][p] = start[t][p] + n
     return result
 
 
-def lag_records(processed: Offsets, ends: Mapping[tuple[str, int], int]) -> int:
+def lag_records(processed: Offsets, ends: Mapping[tuple[str, int], int],
+                starts: Mapping[tuple[str, int], int] | None = None) -> int:
+    """Records between what was processed and the log end; a partition not processed yet
+    counts from its log start (``starts``, else 0)."""
     return sum(
-        max(0, end - processed.get(t, {}).get(str(p), 0)) for (t, p), end in ends.items()
+        max(0, end - processed.get(t, {}).get(str(p), (starts or {}).get((t, p), 0)))
+        for (t, p), end in ends.items()
     )
+
+
+def lag_against(processed: Offsets, bounds: Mapping[tuple[str, int], tuple[int, int]]) -> int:
+    """:func:`lag_records` against {(topic, partition): (log start, log end)}."""
+    return lag_records(processed, {k: end for k, (_, end) in bounds.items()},
+                       {k: first for k, (first, _) in bounds.items()})
+
+
+@dataclass(frozen=True)
+class LogMismatch:
+    """A partition whose log no longer contains the position a version reached."""
+
+    topic: str
+    partition: int
+    processed: int  # the next offset the version would read
+    log_start: int
+    log_end: int
+
+    @property
+    def recreated(self) -> bool:
+        """The log ends below the position: the topic was deleted and created again (or its
+        partition moved to a broker that lost it)."""
+        return self.log_end < self.processed
+
+    def describe(self) -> str:
+        where = f"{self.topic}/{self.partition}"
+        if self.recreated:
+            return (f"{where} ends at offset {self.log_end} but the version processed up to "
+                    f"{self.processed} (the topic was deleted and recreated)")
+        return (f"{where} starts at offset {self.log_start} but the version processed only up "
+                f"to {self.processed} (retention removed {self.log_start - self.processed} "
+                "offsets it never read)")
+
+
+def log_mismatches(processed: Offsets, bounds: Mapping[tuple[str, int], tuple[int, int]]
+                   ) -> list[LogMismatch]:
+    """Partitions where ``processed`` is outside [log start, log end]: continuing would wait for
+    offsets that will never come or skip offsets never read. Partitions missing from either side
+    are not mismatches (a new partition; a topic the version does not read)."""
+    out = []
+    for (topic, partition), (first, end) in sorted(bounds.items()):
+        position = processed.get(topic, {}).get(str(partition))
+        if position is not None and not first <= position <= end:
+            out.append(LogMismatch(topic, partition, position, first, end))
+    return out
+
+
+def log_changed_reason(mismatches: Sequence[LogMismatch], job: str, version: str) -> str:
+    return ("the log changed under the version: " + "; ".join(m.describe() for m in mismatches)
+            + f". Redeploy under a new VERSION to replay the log as it is now, or run `kappa "
+            f"restart --allow-gap {job} {version}` to go on from the log start and record the "
+            "gap")
 
 
 def replay_start(bounds: Mapping[tuple[str, int], tuple[int, int]], *, allow_gap: bool

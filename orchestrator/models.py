@@ -161,6 +161,7 @@ class RunRecord:
     started_at: datetime | None
     heartbeat_at: datetime | None
     caught_up_at: datetime | None
+    busy_since: datetime | None = None  # when the driver's current batch began
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,40 @@ from psycopg import sql
 
 from orchestrator.catalog import lag_history, runs
 from orchestrator.catalog.db import qualified
-from orchestrator.lag import LagSample, LagState, Thresholds, eta_seconds, evaluate, rates, window
-from orchestrator.models import DeployedVersion, PartitionLag, RunRecord, VersionLag
+from orchestrator.lag import (
+    LagSample,
+    LagState,
+    Thresholds,
+    eta_seconds,
+    evaluate,
+    log_changed_reason,
+    log_mismatches,
+    rates,
+    window,
+)
+from orchestrator.models import DeployedVersion, Offsets, PartitionLag, RunRecord, VersionLag
 from orchestrator.settings import Settings
 from orchestrator.spark import launcher
 from orchestrator.states import RunState
+
+
+def fail_on_log_change(conn: psycopg.Connection, schema: str, version: DeployedVersion,
+                       run: RunRecord, processed: Offsets,
+                       bounds: dict[tuple[str, int], tuple[int, int]]) -> RunRecord:
+    """A version whose position is no longer in the log (the topic was recreated, retention ran
+    past what it read) becomes failed, with a reason that says what to run. A failed run keeps
+    the reason it has."""
+    if run.state in (RunState.REGISTERED, RunState.FAILED, RunState.RETIRED):
+        return run
+    mismatches = log_mismatches(processed or version.log_start, bounds)
+    if not mismatches:
+        return run
+    with conn.transaction():
+        updated = runs.change_state(conn, schema, version, RunState.FAILED,
+                                    reason=log_changed_reason(mismatches, version.job,
+                                                              version.version),
+                                    expect_attempt=run.attempt)
+    return updated or run
 
 
 def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
@@ -26,6 +55,7 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, version.id)
     bounds = log_bounds(bootstrap, list(version.spec.topics))
+    run = fail_on_log_change(conn, schema, version, run, processed, bounds)
     now = time.time()
     position = {
         key: max(start, processed.get(key[0], {}).get(str(key[1]),
@@ -56,7 +86,8 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
         # A driver still starting Spark, or still on its first batch, has nothing to show yet:
         # that is not a stall (unless it takes far longer than a start ever should).
         state = evaluate(history, limits)
-        if state == LagState.STALLED and _starting(conn, schema, version, run, now):
+        if state == LagState.STALLED and (_starting(conn, schema, version, run, now)
+                                          or _busy(run, now, settings.heartbeat_interval_s)):
             state = LagState.CATCHING_UP
         processing, produce = rates(window(history, limits.window_s))
         if state == LagState.STOPPED:
@@ -73,6 +104,17 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
 
 
 STARTUP_GRACE_S = 300.0
+# A batch may take this long (a quarantine, a large stateful batch) before a driver that still
+# beats is judged stalled anyway.
+BUSY_LIMIT_S = 1800.0
+
+
+def _busy(run: RunRecord, now: float, heartbeat_interval_s: float) -> bool:
+    """The driver beats and says it is working on a batch that began not too long ago."""
+    if run.busy_since is None or run.heartbeat_at is None:
+        return False
+    fresh = now - run.heartbeat_at.timestamp() < max(3 * heartbeat_interval_s, 10.0)
+    return fresh and now - run.busy_since.timestamp() < BUSY_LIMIT_S
 
 
 def _starting(conn: psycopg.Connection, schema: str, version: DeployedVersion, run: RunRecord,

@@ -23,7 +23,7 @@ def spawn_detached(argv: Sequence[str], env: Mapping[str, str], log_path: Path) 
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-             0o644),
+             0o600),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ],
         setsid=True,

@@ -19,9 +19,23 @@ from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.db import connect
 from orchestrator.catalog.migrations import migrate
 from orchestrator.determinism import replay_hazards
-from orchestrator.errors import KappaError, LaunchError, NotFoundError, StateError
+from orchestrator.errors import (
+    KappaError,
+    LaunchError,
+    LogChangedError,
+    NotFoundError,
+    StateError,
+)
 from orchestrator.jobspec import load_job_file
-from orchestrator.lag import LagState, Thresholds, lag_records, replay_start
+from orchestrator.lag import (
+    LagState,
+    LogMismatch,
+    Thresholds,
+    lag_against,
+    log_changed_reason,
+    log_mismatches,
+    replay_start,
+)
 from orchestrator.models import (
     AliasState,
     DeployedVersion,
@@ -30,6 +44,7 @@ from orchestrator.models import (
     VersionLag,
     VersionStatus,
 )
+from orchestrator.monitor import fail_on_log_change
 from orchestrator.naming import consumer_group, dead_letter_table, output_table, validate_name
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark import launcher
@@ -40,6 +55,8 @@ Progress = Callable[[VersionStatus], None]
 # Between recording an attempt and recording its driver's PID there is only a process spawn: a
 # run without a PID for this long lost its deploying process.
 _LAUNCH_GRACE_S = 60.0
+# How the reason of a driver that died without a word begins (the agent restarts those).
+CRASHED = "driver process"
 
 
 @dataclass(frozen=True)
@@ -67,13 +84,14 @@ class Orchestrator:
 
     # Deploying -----------------------------------------------------------------------------
     def deploy(self, job_file: str | Path, *, allow_gap: bool = False) -> DeployResult:
-        from orchestrator.kafka.admin import topic_partitions
+        from orchestrator.kafka.admin import check_access, topic_partitions
         from orchestrator.kafka.offsets import log_bounds
 
         spec = load_job_file(job_file)
         hazards = tuple(replay_hazards(spec))
         s = self.settings
         _, bootstrap = s.require_services()
+        check_access(bootstrap)  # a refused certificate or password, named before anything runs
         with self._catalog() as conn:
             existing = versions.find(conn, s.catalog_schema, spec.name, spec.version)
             if existing is not None:
@@ -88,11 +106,11 @@ class Orchestrator:
             log_start, gone = replay_start(bounds, allow_gap=allow_gap)
             out, dlq = output_table(spec.name, spec.version), dead_letter_table(spec.name,
                                                                                 spec.version)
-            checkpoint = s.state_dir / "checkpoints" / spec.name / spec.version
+            checkpoint = checkpoint_location(s, spec.name, spec.version)
             with conn.transaction():
                 version = versions.insert(
                     conn, s.catalog_schema, spec, output_table=out, dead_letter_table=dlq,
-                    checkpoint_dir=str(checkpoint.resolve()),
+                    checkpoint_dir=checkpoint,
                     consumer_group=consumer_group(spec.name, spec.version), log_start=log_start)
                 output.create_tables(conn, s.data_schema, spec, out, dlq)
                 runs.create(conn, s.catalog_schema, version.id)
@@ -151,29 +169,105 @@ class Orchestrator:
         """Stop every version whose driver should be running (before the services go away)."""
         return [self.stop(st.job, st.version) for st in self.status() if st.state.is_active]
 
-    def restart(self, job: str, version: str) -> VersionStatus:
-        """Resume a version from its checkpoint, replacing its driver if one still runs."""
+    def restart(self, job: str, version: str, *, allow_gap: bool = False,
+                quarantine: bool = False) -> VersionStatus:
+        """Resume a version from its checkpoint, replacing its driver if one still runs.
+
+        A version whose log changed under it (a topic recreated, retention past what it read)
+        is refused, and recorded failed, unless ``allow_gap``: then it resumes at each such
+        partition's log start, and the event log records the offsets it skipped. A stream job
+        whose checkpoint (its state) is gone is refused: redeploy it under a new version.
+
+        ``quarantine``: the next batch (the one that kept failing) is re-run range by range, and
+        the records that fail go to the dead-letter table with their error (batch jobs)."""
+        from orchestrator.catalog.batches import next_batch_id
+        from orchestrator.spark.checkpoint import Checkpoint, is_local
+
         s = self.settings
         with self._catalog() as conn:
             deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
             run = runs.get(conn, s.catalog_schema, deployed.id)
             if run.state == RunState.RETIRED:
                 raise StateError(f"{job} {version} is retired: deploy a new version instead")
+            with conn.transaction():
+                processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
+                applied = next_batch_id(conn, s.catalog_schema, deployed.id)
+            if (deployed.spec.mode == "stream" and applied
+                    and is_local(deployed.checkpoint_dir)
+                    and not Checkpoint(deployed.checkpoint_dir).has_batches()):
+                raise StateError(
+                    f"the checkpoint of {job} {version} ({deployed.checkpoint_dir}) is gone, "
+                    "and with it the state of its stream job: its output cannot be continued "
+                    "exactly. Deploy the job under a new VERSION, which replays from offset 0")
             launcher.stop_driver(run)
             if run.state.is_active:
                 with conn.transaction():
-                    runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
-                                      reason="replaced by `kappa restart`")
+                    run = runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
+                                            reason="replaced by `kappa restart`") or run
+            bounds = self._bounds(deployed)
+            mismatches = [] if bounds is None else log_mismatches(
+                processed or deployed.log_start, bounds)
+            if mismatches and not allow_gap:
+                fail_on_log_change(conn, s.catalog_schema, deployed, run, processed,
+                                   bounds or {})
+                raise LogChangedError(log_changed_reason(mismatches, job, version))
+            if mismatches:
+                self._skip_gap(conn, deployed, mismatches)
+            if quarantine:
+                if deployed.spec.mode != "batch":
+                    raise StateError(
+                        f"{job} {version} is a stream job: its records pass through its state "
+                        "and cannot be re-run one range at a time; fix the job and redeploy it "
+                        "under a new VERSION")
+                with conn.transaction():
+                    runs.set_quarantine_batch(conn, s.catalog_schema, deployed.id, applied)
+                    events.record(conn, s.catalog_schema, "quarantine_requested", job=job,
+                                  version=version, batch=applied, previous_reason=run.reason)
             self._start(conn, deployed)
             return self._status_of(conn, deployed)
 
+    def _skip_gap(self, conn: psycopg.Connection, v: DeployedVersion,
+                  mismatches: list[LogMismatch]) -> None:
+        """Move the version's position to the log start of each changed partition, and start a
+        new checkpoint from the catalog there (the old one is kept aside)."""
+        from orchestrator.spark.checkpoint import is_local, set_aside_local
+
+        s = self.settings
+        if v.spec.mode == "stream":
+            raise StateError(
+                f"{v.job} {v.version} is a stream job: its state describes the old log and "
+                "cannot skip to a new one. Deploy the job under a new VERSION, which replays "
+                "the log as it is now")
+        if not is_local(v.checkpoint_dir):
+            raise StateError(
+                f"the checkpoint of {v.job} {v.version} is at {v.checkpoint_dir}: remove it "
+                "(it records the old positions), then run `kappa restart --allow-gap` again")
+        aside = set_aside_local(v.checkpoint_dir, f"before-gap-{int(time.time())}")
+        with conn.transaction():
+            for m in mismatches:
+                conn.execute(
+                    psycopg.sql.SQL("UPDATE {}.processed_offsets SET next_offset = %s "
+                                    "WHERE version_id = %s AND topic = %s AND partition = %s")
+                    .format(psycopg.sql.Identifier(s.catalog_schema)),
+                    (m.log_start, v.id, m.topic, m.partition))
+            events.record(conn, s.catalog_schema, "gap", job=v.job, version=v.version,
+                          partitions=[{"topic": m.topic, "partition": m.partition,
+                                       "processed": m.processed, "log_start": m.log_start,
+                                       "log_end": m.log_end, "recreated": m.recreated}
+                                      for m in mismatches],
+                          reason=log_changed_reason(mismatches, v.job, v.version),
+                          checkpoint_set_aside=aside)
+
     # Reporting -----------------------------------------------------------------------------
-    def status(self, job: str | None = None) -> list[VersionStatus]:
+    def status(self, job: str | None = None, *, exact_rows: bool = True) -> list[VersionStatus]:
+        """Every (or one job's) version. ``exact_rows=False`` (the agent, every few seconds)
+        scans no table: output rows come from PostgreSQL's statistics, dead letters the batches'
+        totals."""
         s = self.settings
         with self._catalog() as conn:
             if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
                 raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
-            return [self._status_of(conn, v) for v in
+            return [self._status_of(conn, v, exact_rows=exact_rows) for v in
                     versions.list_all(conn, s.catalog_schema, job)]
 
     def version_status(self, job: str, version: str) -> VersionStatus:
@@ -227,14 +321,25 @@ class Orchestrator:
                              f"and no progress for {window:.0f}s; see the log {st.log_path}")
         return st
 
-    def _status_of(self, conn: psycopg.Connection, v: DeployedVersion) -> VersionStatus:
+    def _status_of(self, conn: psycopg.Connection, v: DeployedVersion, *,
+                   exact_rows: bool = True) -> VersionStatus:
+        from orchestrator.catalog.batches import dead_letter_total
+
         s = self.settings
         with conn.transaction():
             run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
             processed = runs.processed_offsets(conn, s.catalog_schema, v.id)
-            rows = output.count_rows(conn, s.data_schema, v.output_table)
-            dead = output.count_rows(conn, s.data_schema, v.dead_letter_table)
-        lag = self._lag(v, processed)
+            if exact_rows:
+                rows = output.count_rows(conn, s.data_schema, v.output_table)
+                dead = output.count_rows(conn, s.data_schema, v.dead_letter_table)
+            else:
+                rows = output.estimate_rows(conn, s.data_schema, v.output_table)
+                dead = dead_letter_total(conn, s.catalog_schema, v.id)
+        bounds = self._bounds(v)
+        lag = None
+        if bounds is not None:
+            run = fail_on_log_change(conn, s.catalog_schema, v, run, processed, bounds)
+            lag = lag_against(processed or v.log_start, bounds)
         age = None
         if run.heartbeat_at is not None and run.state.is_active:
             age = round((datetime.now(UTC) - run.heartbeat_at).total_seconds(), 1)
@@ -257,7 +362,15 @@ class Orchestrator:
         # A silent driver whose process exists (paused, in a long GC) is not failed: the lag
         # state shows it as stalled. Only a gone process is a failure.
         reason = None
-        if launcher.driver_alive(run) is False:
+        alive = launcher.driver_alive(run)
+        if alive is None:  # on another host: only its heartbeats tell
+            beat = run.heartbeat_at or run.started_at
+            silent = (datetime.now(UTC) - beat).total_seconds() if beat else 0.0
+            if silent > self.settings.heartbeat_timeout_s:
+                reason = (f"the driver on {run.host} has not beaten for {silent:.0f}s (more "
+                          f"than heartbeat_timeout_s={self.settings.heartbeat_timeout_s:g}): "
+                          f"it is dead or cut off; `kappa restart {v.job} {v.version}`")
+        elif alive is False:
             if run.pid is None:
                 started = run.started_at or datetime.now(UTC)
                 if (datetime.now(UTC) - started).total_seconds() < _LAUNCH_GRACE_S:
@@ -265,22 +378,21 @@ class Orchestrator:
                 reason = (f"the driver was never launched (the process deploying it died); "
                           f"`kappa restart {v.job} {v.version}`")
             else:
-                reason = f"driver process {run.pid} is gone; last log lines in {run.log_path}"
+                reason = f"{CRASHED} {run.pid} is gone; last log lines in {run.log_path}"
         if reason is None:
             return run
         updated = runs.change_state(conn, self.settings.catalog_schema, v, RunState.FAILED,
                                     reason=reason, expect_attempt=run.attempt)
         return updated or run
 
-    def _lag(self, v: DeployedVersion, processed: Offsets) -> int | None:
+    def _bounds(self, v: DeployedVersion) -> dict[tuple[str, int], tuple[int, int]] | None:
         from orchestrator.kafka.offsets import log_bounds
 
         _, bootstrap = self.settings.require_services()
         try:
-            bounds = log_bounds(bootstrap, list(v.spec.topics))
+            return log_bounds(bootstrap, list(v.spec.topics))
         except KappaError:
             return None
-        return lag_records(processed or v.log_start, {k: e for k, (_, e) in bounds.items()})
 
     def lag(self, job: str | None = None, version: str | None = None,
             limits: Thresholds | None = None) -> list[VersionLag]:
@@ -309,7 +421,10 @@ class Orchestrator:
         def lag_of(job: str, version: str) -> int | None:
             deployed = versions.get(conn, s.catalog_schema, job, version)
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
-            return self._lag(deployed, processed)
+            bounds = self._bounds(deployed)
+            if bounds is None or log_mismatches(processed or deployed.log_start, bounds):
+                return None  # no lag against a log the version did not read
+            return lag_against(processed or deployed.log_start, bounds)
 
         return Switchboard(s, conn, lag_of)
 
@@ -383,6 +498,26 @@ class Orchestrator:
         name = validate_name(alias or job, "alias")
         return next((a for a in self.aliases() if a.alias == name), None)
 
+    def crashed_drivers(self) -> list[tuple[str, str, int, str]]:
+        """(job, version, attempt, reason) of every version whose driver ran on this host and
+        died without saying why (killed, out of memory): it should be running and is not."""
+        s = self.settings
+        here = launcher.this_host()
+        found = []
+        with self._catalog() as conn:
+            for v in versions.list_all(conn, s.catalog_schema, None):
+                with conn.transaction():
+                    run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
+                if (run.state == RunState.FAILED and run.host in (None, here)
+                        and (run.reason or "").startswith(CRASHED)):
+                    found.append((v.job, v.version, run.attempt, run.reason or ""))
+        return found
+
+    def record_event(self, kind: str, job: str, version: str, **detail: Any) -> None:
+        with self._catalog() as conn, conn.transaction():
+            events.record(conn, self.settings.catalog_schema, kind, job=job, version=version,
+                          **detail)
+
     def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
         with self._catalog() as conn:
             return events.list_events(conn, self.settings.catalog_schema, job, version)
@@ -390,8 +525,12 @@ class Orchestrator:
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
                        partitions: int = 4, *, kind: str | None = None, users: int | None = None,
-                       invalid_share: float | None = None) -> int:
-        """Produce ``count`` deterministic sample records for ``seed`` to ``topic``.
+                       invalid_share: float | None = None, transactional: bool = False) -> int:
+        """Produce ``count`` deterministic sample records for ``seed`` to ``topic``; return how
+        many reached the log.
+
+        ``transactional``: in transactions of 1,000 records, every 5th aborted (its records
+        reach the log and take offsets, but read_committed readers skip them).
 
         ``kind``: "pageviews" (orchestrator.sample) or "profiles" (a changelog with tombstones,
         orchestrator.sample_profiles); None picks "profiles" for a topic whose name starts with
@@ -399,7 +538,7 @@ class Orchestrator:
         default. Arguments are checked before the topic is created.
         """
         from orchestrator.kafka.admin import ensure_topic
-        from orchestrator.kafka.producer import produce
+        from orchestrator.kafka.producer import produce, produce_in_transactions
 
         if kind is None:
             kind = "profiles" if topic.startswith("profiles") else "pageviews"
@@ -419,7 +558,21 @@ class Orchestrator:
             raise KappaError(f"unknown sample kind {kind!r}: use pageviews or profiles")
         _, bootstrap = self.settings.require_services()
         ensure_topic(bootstrap, topic, partitions)
+        if transactional:
+            if rate is not None:
+                raise KappaError("--transactional produces as fast as it can: drop --rate")
+            result = produce_in_transactions(bootstrap, topic, records)
+            return result.committed + result.aborted
         return produce(bootstrap, topic, records, rate=rate)
+
+
+def checkpoint_location(settings: Settings, job: str, version: str) -> str:
+    from orchestrator.spark.checkpoint import is_local, local_path
+
+    root = settings.checkpoint_root or str(settings.state_dir / "checkpoints")
+    if is_local(root):
+        return str((local_path(root) / job / version).resolve())
+    return f"{root.rstrip('/')}/{job}/{version}"
 
 
 def _job(name: str) -> str:

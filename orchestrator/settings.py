@@ -1,7 +1,9 @@
 """Settings, resolved as: flag > environment (KAPPA_*) > kappa.toml > `kappa dev up` > default.
 
-The PostgreSQL DSN may hold a password: it is never printed, logged or put in argv (drivers get it
-through their environment).
+The PostgreSQL DSN and the Kafka SASL password are never printed, logged or put in argv (drivers
+get them through their environment). The SASL password comes only from the environment
+(``KAPPA_KAFKA_SASL_PASSWORD``), a file named by ``kafka_sasl_password_file``, or an Airflow
+connection; free-form librdkafka properties come from a ``[kappa.kafka]`` table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, KafkaEndpoint, check_extra_properties
 
 STACK_FILE = "dev/stack.json"
 
@@ -24,7 +27,18 @@ class Settings:
     state_dir: Path = Path(".kappa")
     pg_dsn: str | None = field(default=None, repr=False)
     kafka_bootstrap: str | None = None
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_ssl_ca_location: str | None = None
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password_file: str | None = None
+    kafka_sasl_password: str | None = field(default=None, repr=False)
+    # Any other librdkafka property, e.g. ssl.endpoint.identification.algorithm.
+    kafka_properties: tuple[tuple[str, str], ...] = ()
     spark_master: str = "local[*]"
+    # Where versions' checkpoints live: a path, or any URI Spark accepts (hdfs://, s3a://), so
+    # that a driver can move hosts. Default: <state_dir>/checkpoints.
+    checkpoint_root: str | None = None
     catalog_schema: str = "kappa"
     data_schema: str = "kappa_data"
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read
@@ -38,13 +52,46 @@ class Settings:
     chunk_records: int = 125_000
     live_trigger_seconds: float = 1.0
     heartbeat_interval_s: float = 2.0
+    # A driver on another host that has not beaten for this long counts as dead.
+    heartbeat_timeout_s: float = 30.0
+    # A version is caught up, and may be served, when the *measured* lag is at most this.
+    max_lag_records: int = 1000
+    # Batch records kept per version in full; older ones are folded into a summary.
+    batches_kept: int = 1000
+    # A driver's log is rotated at this size (one older file is kept).
+    driver_log_max_bytes: int = 50_000_000
 
     @property
     def dev_stack_file(self) -> Path:
         return self.state_dir / STACK_FILE
 
-    def require_services(self) -> tuple[str, str]:
-        """Return (pg_dsn, kafka_bootstrap) or say how to get them."""
+    @property
+    def kafka(self) -> KafkaEndpoint:
+        """The Kafka cluster with its security settings (ConfigError if they do not fit)."""
+        if not self.kafka_bootstrap:
+            raise ConfigError("no KAPPA_KAFKA_BOOTSTRAP configured: run `kappa dev up` in this "
+                              "directory, or set it (environment or kappa.toml)")
+        return KafkaEndpoint(
+            bootstrap=self.kafka_bootstrap, security_protocol=self.kafka_security_protocol,
+            ssl_ca_location=self.kafka_ssl_ca_location, sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username, password=self._sasl_password(),
+            extra=self.kafka_properties,
+        )
+
+    def _sasl_password(self) -> str | None:
+        if self.kafka_sasl_password:
+            return self.kafka_sasl_password
+        if not self.kafka_sasl_password_file:
+            return None
+        path = Path(self.kafka_sasl_password_file)
+        try:
+            return path.read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(f"kafka_sasl_password_file={path} cannot be read "
+                              f"({exc.strerror}): fix the path or its permissions") from exc
+
+    def require_services(self) -> tuple[str, KafkaEndpoint]:
+        """Return (pg_dsn, the Kafka endpoint) or say how to get them."""
         if not self.pg_dsn or not self.kafka_bootstrap:
             missing = [
                 n for n, v in (("KAPPA_PG_DSN", self.pg_dsn),
@@ -54,20 +101,34 @@ class Settings:
                 f"no {' and '.join(missing)} configured: run `kappa dev up` in this directory, "
                 "or set them (environment or kappa.toml)"
             )
-        return self.pg_dsn, self.kafka_bootstrap
+        return self.pg_dsn, self.kafka
 
     def driver_environment(self) -> dict[str, str]:
         """Everything a detached driver needs, passed by environment (never argv)."""
         env = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None:
+            if f.name == "kafka_properties":
+                if value:
+                    env["KAPPA_KAFKA_PROPERTIES"] = json.dumps(dict(value))
+            elif value is not None:
                 env[f"KAPPA_{f.name.upper()}"] = str(value)
         return env
 
 
 def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in fields(Settings)}[name]
+    if name == "kafka_properties":
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigError("KAPPA_KAFKA_PROPERTIES must be a JSON object of librdkafka "
+                                  f"properties ({exc}): fix it") from exc
+        if not isinstance(raw, Mapping):
+            raise ConfigError("kafka properties must be a table of librdkafka properties "
+                              "([kappa.kafka] in kappa.toml): fix it")
+        return check_extra_properties(raw, "[kappa.kafka]")
     try:
         if kind in ("int", int):
             return int(raw)
@@ -98,7 +159,13 @@ def load_settings(
             data = tomllib.loads(toml_path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{toml_path} is not valid TOML ({exc}): fix it") from exc
-        section = data.get("kappa", data)
+        section = dict(data.get("kappa", data))
+        if "kafka" in section:  # the [kappa.kafka] table of librdkafka properties
+            section["kafka_properties"] = section.pop("kafka")
+        if "kafka_sasl_password" in section:
+            raise ConfigError(f"{toml_path}: never write the SASL password in kappa.toml: put it "
+                              f"in {PASSWORD_VARIABLE} or in a file named by "
+                              "kafka_sasl_password_file")
         unknown = sorted(set(section) - set(names))
         if unknown:
             raise ConfigError(f"{toml_path}: unknown setting(s) {', '.join(unknown)}: "
@@ -106,6 +173,8 @@ def load_settings(
         toml_values = dict(section)
 
     def pick(name: str) -> Any:
+        if name == "kafka_sasl_password":  # a secret: only from the environment
+            return env.get(PASSWORD_VARIABLE) or None
         if name in flags:
             return flags[name]
         env_name = f"KAPPA_{name.upper()}"
@@ -131,6 +200,8 @@ def load_settings(
                 pg_dsn=settings.pg_dsn or stack.get("pg_dsn"),
                 kafka_bootstrap=settings.kafka_bootstrap or stack.get("kafka_bootstrap"),
             )
+    if settings.kafka_bootstrap:
+        settings.kafka  # noqa: B018 - refuse security settings that do not fit, at load
     return settings
 
 

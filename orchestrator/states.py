@@ -31,7 +31,8 @@ ALLOWED: dict[RunState, frozenset[RunState]] = {
     RunState.REPLAYING: frozenset({RunState.CAUGHT_UP, RunState.STOPPED, RunState.FAILED}),
     RunState.CAUGHT_UP: frozenset({RunState.LIVE, RunState.STOPPED, RunState.FAILED}),
     RunState.LIVE: frozenset({RunState.STOPPED, RunState.FAILED}),
-    RunState.STOPPED: frozenset({RunState.STARTING, RunState.RETIRED}),
+    # A stopped version fails when the log it read changes under it (a topic recreated).
+    RunState.STOPPED: frozenset({RunState.STARTING, RunState.FAILED, RunState.RETIRED}),
     RunState.FAILED: frozenset({RunState.STARTING, RunState.STOPPED, RunState.RETIRED}),
     RunState.RETIRED: frozenset(),
 }

@@ -7,8 +7,7 @@ versions the alias view already has a branch for needs no DDL, so readers are ne
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import logging
 from typing import Any
 
 import psycopg
@@ -24,7 +23,10 @@ from orchestrator.naming import stage_table, validate_name
 from orchestrator.routing import Routing
 from orchestrator.settings import Settings
 from orchestrator.spark import launcher
+from orchestrator.spark.checkpoint import is_local, remove_local
 from orchestrator.states import RunState
+
+log = logging.getLogger("kappa.switching")
 
 _SERVABLE = (RunState.CAUGHT_UP, RunState.LIVE)
 
@@ -37,7 +39,7 @@ class Switchboard:
     def promote(self, job: str, version: str, alias: str | None, *, force: bool,
                 reason: str | None) -> dict[str, Any]:
         target = self._version(job, version)
-        problems = self._not_ready(target)
+        problems = self._not_ready(target, alias)
         if problems and not force:
             raise StateError(f"refusing to promote {job} {version}: {'; '.join(problems)}; "
                              "or override with --force --reason TEXT")
@@ -47,10 +49,10 @@ class Switchboard:
     def ab(self, job: str, version: str, percent: int, alias: str | None, *,
            reason: str | None) -> dict[str, Any]:
         target = self._version(job, version)
-        state = self._run_state(target)
-        if state not in _SERVABLE:
-            raise StateError(f"{job} {version} is {state.value}, not caught up: "
-                             f"`kappa wait {job} {version}` first")
+        problems = self._not_ready(target, alias)
+        if problems:
+            raise StateError(f"refusing to serve {percent} % from {job} {version}: "
+                             f"{'; '.join(problems)}")
         return self._switch(job, alias, "ab", target, lambda r: r.ab(version, percent),
                             reason=reason, forced=False)
 
@@ -212,12 +214,18 @@ class Switchboard:
                           stage_table(job, target.version)):
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
                     qualified(self.s.data_schema, table)))
-            self.conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s").format(
-                qualified(schema, "dead_letter_stage")), (target.id,))
+            for stage in ("dead_letter_stage", "read_stage"):
+                self.conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s").format(
+                    qualified(schema, stage)), (target.id,))
+            local = is_local(target.checkpoint_dir)
             events.record(self.conn, schema, "drop", job=job, version=target.version,
                           tables=[target.output_table, target.dead_letter_table],
-                          checkpoint=target.checkpoint_dir)
-        shutil.rmtree(Path(target.checkpoint_dir), ignore_errors=True)
+                          checkpoint=target.checkpoint_dir, checkpoint_removed=local)
+        if local:
+            remove_local(target.checkpoint_dir)
+        else:
+            log.warning("the checkpoint %s is not on this host's file system: remove it with "
+                        "its own tools", target.checkpoint_dir)
 
     # Helpers -------------------------------------------------------------------------------
     def _version(self, job: str, version: str) -> DeployedVersion:
@@ -227,18 +235,49 @@ class Switchboard:
     def _run_state(self, v: DeployedVersion) -> RunState:
         return runs.get(self.conn, self.s.catalog_schema, v.id).state
 
-    def _not_ready(self, v: DeployedVersion) -> list[str]:
+    def _not_ready(self, v: DeployedVersion, alias: str | None) -> list[str]:
+        """Why ``v`` may not be served now: its state, its *measured* lag, and a validation that
+        is current (made against what the alias serves, after both versions' latest deploy or
+        restart, with guardrails that ran and passed)."""
+        schema, job = self.s.catalog_schema, v.job
         problems = []
-        state = self._run_state(v)
-        if state not in _SERVABLE:
-            problems.append(f"it is {state.value}, not caught up (`kappa wait {v.job} "
+        run = runs.get(self.conn, schema, v.id)
+        if run.state not in _SERVABLE:
+            problems.append(f"it is {run.state.value}, not caught up (`kappa wait {job} "
                             f"{v.version}`)")
-        validation = aliases.latest_validation(self.conn, self.s.catalog_schema, v.id)
+        else:
+            lag = self.lag_of(job, v.version)
+            if lag is None:
+                problems.append("its lag cannot be measured against the log now")
+            elif lag > self.s.max_lag_records:
+                problems.append(f"it is {lag} records behind the log end (more than "
+                                f"max_lag_records={self.s.max_lag_records}; `kappa wait {job} "
+                                f"{v.version}`)")
+        current = aliases.find(self.conn, schema, validate_name(alias or job, "alias"))
+        serving = current["primary"] if current else None
+        validation = aliases.latest_validation(self.conn, schema, v.id)
         if validation is None:
-            problems.append(f"it has no validation (`kappa diff {v.job} OTHER {v.version}`)")
-        elif not validation[1]:
-            problems.append(f"its latest validation against {validation[0]} failed "
-                            f"(`kappa diff {v.job} {validation[0]} {v.version}`)")
+            problems.append(f"it has no validation (`kappa diff {job} "
+                            f"{serving or 'OTHER'} {v.version}`)")
+            return problems
+        against, passed, at, report = validation
+        redo = f"`kappa diff {job} {serving or against} {v.version}`"
+        if serving is not None and serving not in (v.version, against):
+            problems.append(f"its latest validation is against {against}, not against "
+                            f"{serving}, which the alias serves ({redo})")
+        other = versions.find(self.conn, schema, job, against)
+        starts = [(v.version, run.started_at)]
+        if other is not None:
+            starts.append((against, runs.get(self.conn, schema, other.id).started_at))
+        for name, started in starts:
+            if started is not None and at < started:
+                problems.append(f"its validation predates the latest deploy or restart of "
+                                f"{name} ({redo})")
+        if not (report or {}).get("guardrails"):
+            problems.append(f"its validation ran no guardrails ({v.version} declares none), "
+                            "so nothing was checked")
+        elif not passed:
+            problems.append(f"its latest validation against {against} failed ({redo})")
         return problems
 
     def _live_versions(self, job: str) -> list[DeployedVersion]:

@@ -4,15 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,airflow
-# A real Prometheus server for the metrics tests, from Debian's packages.
-if ! command -v prometheus >/dev/null 2>&1; then
+# From Debian's packages: a real Prometheus server for the metrics tests, and socat and openssl
+# to put TLS in front of the embedded broker for the secured-Kafka tests.
+missing=""
+command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
+command -v socat >/dev/null 2>&1 || missing="$missing socat"
+command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then
-    # Not fatal here: without it the Prometheus test says why it did not run (and fails in CI).
+    # Not fatal here: without them their tests say what is missing (and fail in CI).
     apt-get update -qq || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
-      >/dev/null || echo "could not install prometheus from Debian" >&2
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
+      >/dev/null || echo "could not install$missing from Debian" >&2
   else
-    echo "prometheus is not installed: run 'sudo apt-get install prometheus' (its tests will say so)" >&2
+    echo "not installed:$missing; run 'sudo apt-get install$missing' (their tests will say so)" >&2
   fi
 fi
 export PATH="$PWD/.venv/bin:$PATH"

@@ -27,9 +27,11 @@ class Reference:
 Record = tuple[int, int, int, bytes | None, bytes | None]
 
 
-def read_records(bootstrap: str, topic: str) -> list[Record]:
-    """Every record of ``topic``, sorted by (partition, offset)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reference",
+def read_records(bootstrap: str, topic: str, client: dict[str, str] | None = None
+                 ) -> list[Record]:
+    """Every record of ``topic``, sorted by (partition, offset). ``client`` adds librdkafka
+    properties (TLS, SASL)."""
+    consumer = Consumer({**(client or {}), "bootstrap.servers": bootstrap, "group.id": "reference",
                          "enable.auto.commit": False, "enable.partition.eof": True,
                          "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
     try:
@@ -53,8 +55,9 @@ def read_records(bootstrap: str, topic: str) -> list[Record]:
         consumer.close()
 
 
-def read_log(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None]]:
-    return [(p, o, v) for p, o, _, _, v in read_records(bootstrap, topic)]
+def read_log(bootstrap: str, topic: str, client: dict[str, str] | None = None
+             ) -> list[tuple[int, int, bytes | None]]:
+    return [(p, o, v) for p, o, _, _, v in read_records(bootstrap, topic, client)]
 
 
 def _valid(value: bytes | None) -> dict | None:
@@ -82,12 +85,12 @@ def normalise(url: str) -> str:
     return url
 
 
-def compute(bootstrap: str, topic: str) -> Reference:
+def compute(bootstrap: str, topic: str, client: dict[str, str] | None = None) -> Reference:
     ref = Reference()
     v1: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     v2: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     ends: Counter[int] = Counter()
-    for partition, offset, value in read_log(bootstrap, topic):
+    for partition, offset, value in read_log(bootstrap, topic, client):
         ref.records += 1
         ends[partition] = max(ends[partition], offset + 1)
         event = _valid(value)

@@ -1,8 +1,13 @@
-"""Settings from Airflow Connections: the PostgreSQL catalog and the Kafka bootstrap servers.
+"""Settings from Airflow Connections: the PostgreSQL catalog and the Kafka cluster.
 
 Passwords stay inside Airflow: the task SDK masks a connection's password in task logs, the DSN
 we assemble is masked too, and neither goes to XCom or into a trigger's stored arguments (the
 trigger gets connection ids and fetches the connection itself).
+
+The Kafka connection (``kappa_kafka``) is read as the Apache Kafka provider stores it: login and
+password are the SASL user and password; the extra holds librdkafka properties
+(``bootstrap.servers``, ``security.protocol``, ``ssl.ca.location``, ``sasl.mechanism``, any
+other) or our setting names (``kafka_security_protocol``, ...).
 """
 
 from __future__ import annotations
@@ -50,10 +55,51 @@ def kafka_bootstrap(conn: Any) -> str:
     return f"{conn.host}:{conn.port}" if conn.port else str(conn.host)
 
 
+# Connection extras (librdkafka names or ours) that map to a named setting.
+_KAFKA_SETTINGS = {
+    "security.protocol": "kafka_security_protocol",
+    "ssl.ca.location": "kafka_ssl_ca_location",
+    "sasl.mechanism": "kafka_sasl_mechanism",
+    "sasl.mechanisms": "kafka_sasl_mechanism",
+    "sasl.username": "kafka_sasl_username",
+    "kafka_security_protocol": "kafka_security_protocol",
+    "kafka_ssl_ca_location": "kafka_ssl_ca_location",
+    "kafka_sasl_mechanism": "kafka_sasl_mechanism",
+    "kafka_sasl_username": "kafka_sasl_username",
+    "kafka_sasl_password_file": "kafka_sasl_password_file",
+}
+# Extras that are the provider's own or that we set per client.
+_KAFKA_IGNORED = ("bootstrap.servers", "bootstrap_servers", "group.id", "sasl.password")
+
+
+def kafka_security(conn: Any) -> dict[str, Any]:
+    """Setting changes for the Kafka connection's security: login, password and extra."""
+    from orchestrator.kafka_endpoint import check_extra_properties
+
+    extra = conn.extra_dejson or {}
+    changes: dict[str, Any] = {}
+    properties: dict[str, Any] = {}
+    for key, value in extra.items():
+        if key in _KAFKA_SETTINGS:
+            changes[_KAFKA_SETTINGS[key]] = str(value)
+        elif "." in key and key not in _KAFKA_IGNORED:
+            properties[key] = value
+    if properties:
+        changes["kafka_properties"] = check_extra_properties(
+            properties, f"the extra of Airflow connection {conn.conn_id!r}")
+    if conn.login:
+        changes["kafka_sasl_username"] = conn.login
+    password = conn.password or extra.get("sasl.password")
+    if password:
+        changes["kafka_sasl_password"] = password
+    return changes
+
+
 def public_settings(settings: Settings) -> dict[str, str]:
-    """Every setting except the DSN, as strings: safe to store with a trigger or in XCom."""
+    """Every setting except the secrets, as strings: safe to store with a trigger or in XCom."""
     return {f.name: str(getattr(settings, f.name)) for f in fields(settings)
-            if f.name != "pg_dsn" and getattr(settings, f.name) is not None}
+            if f.name not in ("pg_dsn", "kafka_sasl_password", "kafka_properties")
+            and getattr(settings, f.name) is not None}
 
 
 class KappaHook(BaseHook):
@@ -97,12 +143,15 @@ class KappaHook(BaseHook):
                              "dev up`)", self.postgres_conn_id)
         if kafka is not None:
             changes["kafka_bootstrap"] = kafka_bootstrap(kafka)
+            changes.update(kafka_security(kafka))
         elif base.kafka_bootstrap:
             self.log.warning("Airflow connection %s is not defined: using the Kafka bootstrap "
                              "from the kappa configuration", self.kafka_conn_id)
         settings = replace(base, **changes)
         if settings.pg_dsn:
             mask_secret(settings.pg_dsn)
+        if settings.kafka_sasl_password:
+            mask_secret(settings.kafka_sasl_password)
         missing = [f"{conn_id} ({kind})" for conn_id, kind, value in (
             (self.postgres_conn_id, "PostgreSQL", settings.pg_dsn),
             (self.kafka_conn_id, "Kafka", settings.kafka_bootstrap)) if not value]
@@ -110,6 +159,7 @@ class KappaHook(BaseHook):
             raise ConfigError(f"define the Airflow connection(s) {', '.join(missing)} (an "
                               "AIRFLOW_CONN_<ID> variable or your secrets backend); see the "
                               "README's Airflow section")
+        settings.kafka  # noqa: B018 - security settings that do not fit fail here, in one line
         return settings
 
     def settings(self) -> Settings:

@@ -129,6 +129,7 @@ class KappaValidateOperator(KappaBaseOperator):
             report = service.diff(self.job, serving.primary, self.version)
             summary = {
                 "baseline": serving.primary, "passed": report.passed,
+                "verdict": report.verdict,
                 "rows": {serving.primary: report.rows_a, self.version: report.rows_b},
                 "only_in_baseline": report.only_in_a, "only_in_new": report.only_in_b,
                 "differing": report.differing, "offsets_apart": report.offsets_apart,

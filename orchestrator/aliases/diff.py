@@ -42,10 +42,18 @@ class DiffReport:
 
     @property
     def passed(self) -> bool:
-        return all(g.passed for g in self.guardrails)
+        """Every guardrail passed. A comparison that ran none proves nothing: not passed."""
+        return bool(self.guardrails) and all(g.passed for g in self.guardrails)
+
+    @property
+    def verdict(self) -> str:
+        if not self.guardrails:
+            return f"no guardrails: {self.b} declares none, so nothing was checked"
+        failed = [g.name for g in self.guardrails if not g.passed]
+        return f"failed: {', '.join(failed)}" if failed else "passed"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"passed": self.passed}
+        return asdict(self) | {"passed": self.passed, "verdict": self.verdict}
 
 
 def _apart(a: Offsets, b: Offsets) -> int:

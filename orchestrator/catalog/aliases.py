@@ -102,7 +102,9 @@ def store_validation(conn: psycopg.Connection, schema: str, version_id: int, aga
 
 
 def latest_validation(conn: psycopg.Connection, schema: str, version_id: int
-                      ) -> tuple[str, bool, Any] | None:
-    row = conn.execute(sql.SQL("SELECT against, passed, at FROM {} WHERE version_id = %s")
+                      ) -> tuple[str, bool, Any, dict[str, Any]] | None:
+    """(against, passed, at, report) of the version's latest validation."""
+    row = conn.execute(sql.SQL("SELECT against, passed, at, report FROM {} "
+                               "WHERE version_id = %s")
                        .format(qualified(schema, "validations")), (version_id,)).fetchone()
-    return (row[0], row[1], row[2]) if row else None
+    return (row[0], row[1], row[2], row[3]) if row else None

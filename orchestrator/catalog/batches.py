@@ -10,7 +10,8 @@ record (e.g. the driver was killed after our commit); the key makes that replay 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
 from orchestrator.errors import ConflictError, KappaError
 from orchestrator.models import DELETE_COLUMN, DeployedVersion, JobSpec, Offsets
 from orchestrator.naming import stage_table
+
+log = logging.getLogger("kappa.batches")
 
 # "cur" is the alias of the output table's existing row in the upsert below.
 _MERGE_SQL = {
@@ -48,9 +51,62 @@ class StaleDriverError(KappaError):
 @dataclass(frozen=True)
 class BatchResult:
     applied: bool  # False: the batch had already been applied, nothing was written
-    records: int
+    records: int  # offsets in the batch's ranges
     output_rows: int
     dead_letters: int
+    gap_offsets: int = 0  # offsets with no record: transaction markers, aborted, compacted
+
+
+# Moves a batch's output inside its commit; returns (output rows changed, dead letters added).
+Mover = Callable[[psycopg.Connection], tuple[int, int]]
+
+
+def prune(conn: psycopg.Connection, catalog_schema: str, version_id: int, keep: int) -> int:
+    """Fold all but the ``keep`` latest batch records of a version into its summary row;
+    return how many were folded. The latest batches stay: replays and audits look at those."""
+    batches = qualified(catalog_schema, "batches")
+    with conn.transaction():
+        row = conn.execute(sql.SQL(
+            "SELECT batch_id FROM {} WHERE version_id = %s ORDER BY batch_id DESC "
+            "OFFSET %s LIMIT 1").format(batches), (version_id, keep)).fetchone()
+        if row is None:
+            return 0
+        folded = conn.execute(sql.SQL(
+            "WITH gone AS (DELETE FROM {b} WHERE version_id = %(v)s AND batch_id <= %(upto)s "
+            "RETURNING *) INSERT INTO {s} AS cur (version_id, batches, first_batch_id, "
+            "last_batch_id, records, output_rows, dead_letters, gap_offsets) "
+            "SELECT %(v)s, count(*), min(batch_id), max(batch_id), sum(records), "
+            "sum(output_rows), sum(dead_letters), coalesce(sum(gap_offsets), 0) FROM gone "
+            "HAVING count(*) > 0 ON CONFLICT (version_id) DO UPDATE SET "
+            "batches = cur.batches + EXCLUDED.batches, "
+            "first_batch_id = least(cur.first_batch_id, EXCLUDED.first_batch_id), "
+            "last_batch_id = greatest(cur.last_batch_id, EXCLUDED.last_batch_id), "
+            "records = cur.records + EXCLUDED.records, "
+            "output_rows = cur.output_rows + EXCLUDED.output_rows, "
+            "dead_letters = cur.dead_letters + EXCLUDED.dead_letters, "
+            "gap_offsets = cur.gap_offsets + EXCLUDED.gap_offsets RETURNING batches"
+        ).format(b=batches, s=qualified(catalog_schema, "batch_summary")),
+            {"v": version_id, "upto": row[0]}).rowcount
+    return folded
+
+
+def dead_letter_total(conn: psycopg.Connection, catalog_schema: str, version_id: int) -> int:
+    """Dead letters the version's batches moved, summary included: no scan of the table."""
+    row = conn.execute(sql.SQL(
+        "SELECT coalesce((SELECT dead_letters FROM {s} WHERE version_id = %(v)s), 0) + "
+        "coalesce((SELECT sum(dead_letters) FROM {b} WHERE version_id = %(v)s), 0)").format(
+        s=qualified(catalog_schema, "batch_summary"), b=qualified(catalog_schema, "batches")),
+        {"v": version_id}).fetchone()
+    return int(row[0]) if row else 0
+
+
+def next_batch_id(conn: psycopg.Connection, catalog_schema: str, version_id: int) -> int:
+    row = conn.execute(sql.SQL(
+        "SELECT greatest((SELECT max(batch_id) FROM {b} WHERE version_id = %(v)s), "
+        "(SELECT last_batch_id FROM {s} WHERE version_id = %(v)s))").format(
+        b=qualified(catalog_schema, "batches"), s=qualified(catalog_schema, "batch_summary")),
+        {"v": version_id}).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0]) + 1
 
 
 def total_records(start: Offsets, end: Offsets) -> int:
@@ -59,11 +115,15 @@ def total_records(start: Offsets, end: Offsets) -> int:
 
 def apply_batch(
     conn: psycopg.Connection, catalog_schema: str, data_schema: str, version: DeployedVersion,
-    attempt: int, batch_id: int, start: Offsets, end: Offsets, write_id: str,
+    attempt: int, batch_id: int, start: Offsets, end: Offsets, write_id: str | None,
+    *, move: Mover | None = None,
 ) -> BatchResult:
     """Commit one batch: move the rows that write ``write_id`` staged (output rows) and the
     dead letters staged for the batch's offsets into the version's tables, and store its end
-    offsets, all in one transaction keyed by (version, batch id)."""
+    offsets, all in one transaction keyed by (version, batch id).
+
+    ``move`` replaces the move of one write's rows (a quarantined batch moves several, and
+    dead-letters the records that fail): it returns (output rows changed, dead letters added)."""
     records = total_records(start, end)
     with conn.transaction():
         run = conn.execute(
@@ -80,18 +140,26 @@ def apply_batch(
         if applied is not None:
             return BatchResult(False, records, 0, 0)
         _check_contiguous(conn, catalog_schema, version, batch_id, start)
-        output_rows = _move_output(conn, data_schema, version, batch_id, write_id)
-        dead = _move_dead_letters(conn, catalog_schema, data_schema, version, start, end)
+        if move is not None:
+            output_rows, isolated = move(conn)
+        elif write_id is not None:
+            output_rows, isolated = move_output(conn, data_schema, version, batch_id, write_id), 0
+        else:
+            raise KappaError(f"batch {batch_id}: nothing to commit (no write id, no mover)")
+        ranges = _ranges(start, end)
+        dead = _move_dead_letters(conn, catalog_schema, data_schema, version, ranges) + isolated
+        gaps = _count_gaps(conn, catalog_schema, version, batch_id, ranges, records)
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (version_id, batch_id, attempt, start_offsets, end_offsets, "
-                "records, output_rows, dead_letters) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                "records, output_rows, dead_letters, gap_offsets) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
             ).format(qualified(catalog_schema, "batches")),
             (version.id, batch_id, attempt, Jsonb(start), Jsonb(end), records, output_rows,
-             dead),
+             dead, gaps),
         )
         _store_offsets(conn, catalog_schema, version.id, end)
-    return BatchResult(True, records, output_rows, dead)
+    return BatchResult(True, records, output_rows, dead, gaps or 0)
 
 
 def _check_contiguous(conn: psycopg.Connection, schema: str, version: DeployedVersion,
@@ -113,7 +181,7 @@ def _check_contiguous(conn: psycopg.Connection, schema: str, version: DeployedVe
                 )
 
 
-def _move_output(conn: psycopg.Connection, data_schema: str, version: DeployedVersion,
+def move_output(conn: psycopg.Connection, data_schema: str, version: DeployedVersion,
                  batch_id: int, write_id: str) -> int:
     """Merge the staged rows of ``write_id`` into the output table; return rows changed."""
     spec = version.spec
@@ -210,17 +278,57 @@ def _refuse_delete_and_upsert_of_one_key(conn: psycopg.Connection, staged: sql.C
                          f"({', '.join(keys)}) in one batch; keep one row per key")
 
 
-def _move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema: str,
-                       version: DeployedVersion, start: Offsets, end: Offsets) -> int:
-    """Move the dead letters staged for the batch's offsets; a read that ran twice staged them
-    twice, and DISTINCT ON keeps one."""
-    ranges = [(t, int(p), start.get(t, {}).get(p, hi), hi)
-              for t, ps in end.items() for p, hi in ps.items()]
-    if not ranges:
-        return 0
+Range = tuple[str, int, int, int]  # topic, partition, first offset, end (exclusive)
+
+
+def _ranges(start: Offsets, end: Offsets) -> list[Range]:
+    return [(t, int(p), start.get(t, {}).get(p, hi), hi)
+            for t, ps in end.items() for p, hi in ps.items()]
+
+
+def _values(ranges: Sequence[Range]) -> tuple[sql.Composable, list[Any]]:
     values = sql.SQL(", ").join(sql.SQL("(%s, %s::integer, %s::bigint, %s::bigint)")
                                 for _ in ranges)
-    params: list[Any] = [v for r in ranges for v in r]
+    return values, [v for r in ranges for v in r]
+
+
+def _count_gaps(conn: psycopg.Connection, catalog_schema: str, version: DeployedVersion,
+                batch_id: int, ranges: Sequence[Range], records: int) -> int | None:
+    """Offsets of the batch that hold no record, from what its read tasks staged; a task that
+    ran twice staged its range twice, and DISTINCT ON keeps one. None when no task staged."""
+    if not ranges:
+        return 0
+    values, params = _values(ranges)
+    stage = qualified(catalog_schema, "read_stage")
+    row = conn.execute(sql.SQL(
+        "SELECT sum(size), sum(size - records) FROM (SELECT DISTINCT ON (s.topic, s.partition, "
+        "s.range_start) s.range_end - s.range_start AS size, s.records FROM {stage} s "
+        "JOIN (VALUES {values}) r(topic, partition, lo, hi) ON s.topic = r.topic "
+        "AND s.partition = r.partition AND s.range_start >= r.lo AND s.range_end <= r.hi "
+        "WHERE s.version_id = %s ORDER BY s.topic, s.partition, s.range_start) covered"
+    ).format(stage=stage, values=values), [*params, version.id]).fetchone()
+    conn.execute(sql.SQL(
+        "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
+        "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
+        "AND s.range_end <= r.hi").format(stage=stage, values=values), [*params, version.id])
+    covered, gaps = (row or (None, None))
+    if covered is None:
+        return None
+    if covered != records:
+        # A query whose plan skipped reading part of the batch (e.g. a transform that filters
+        # everything out): those offsets were not read, so they cannot be told apart.
+        log.warning("%s %s batch %d: read tasks accounted for %d of its %d offsets", version.job,
+                    version.version, batch_id, covered, records)
+    return int(gaps)
+
+
+def _move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema: str,
+                       version: DeployedVersion, ranges: Sequence[Range]) -> int:
+    """Move the dead letters staged for the batch's offsets; a read that ran twice staged them
+    twice, and DISTINCT ON keeps one."""
+    if not ranges:
+        return 0
+    values, params = _values(ranges)
     stage = qualified(catalog_schema, "dead_letter_stage")
     columns = sql.SQL(", ").join(map(sql.Identifier, DEAD_LETTER_COLUMNS))
     moved = conn.execute(sql.SQL(

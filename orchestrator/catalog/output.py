@@ -44,6 +44,22 @@ def create_stage(conn: psycopg.Connection, data_schema: str, spec: JobSpec) -> N
              sql.SQL(", ").join(columns)))
 
 
+def estimate_rows(conn: psycopg.Connection, data_schema: str, table: str) -> int | None:
+    """Rows in ``table`` without a scan. The statistics' live-tuple count follows every commit;
+    the planner's estimate (``reltuples``) waits for an ANALYZE, so it only stands in when the
+    statistics were reset (a crash of PostgreSQL) and the count reads 0."""
+    row = conn.execute(sql.SQL(
+        "SELECT c.reltuples::bigint, s.n_live_tup FROM pg_class c "
+        "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass(%s)"
+    ), (f'"{data_schema}"."{table}"',)).fetchone()
+    if row is None:
+        return None
+    planned, live = row
+    if live is not None and (live > 0 or planned is None or planned < 0):
+        return int(live)
+    return int(planned) if planned is not None and planned >= 0 else None
+
+
 def count_rows(conn: psycopg.Connection, data_schema: str, table: str) -> int | None:
     row = conn.execute(
         sql.SQL("SELECT to_regclass(%s) IS NOT NULL"), (f'"{data_schema}"."{table}"',)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -14,16 +15,16 @@ from orchestrator.models import DeployedVersion, RunRecord
 from orchestrator.states import RunState, transition
 
 _COLUMNS = ("version_id, state, attempt, pid, pid_started, host, app_id, log_path, reason, "
-            "started_at, heartbeat_at, caught_up_at")
+            "started_at, heartbeat_at, caught_up_at, busy_since")
 
 
 def _from_row(row: tuple[Any, ...]) -> RunRecord:
     (vid, state, attempt, pid, pid_started, host, app_id, log_path, reason, started,
-     heartbeat, caught_up) = row
+     heartbeat, caught_up, busy_since) = row
     return RunRecord(version_id=vid, state=RunState(state), attempt=attempt, pid=pid,
                      pid_started=pid_started, host=host, app_id=app_id, log_path=log_path,
                      reason=reason, started_at=started, heartbeat_at=heartbeat,
-                     caught_up_at=caught_up)
+                     caught_up_at=caught_up, busy_since=busy_since)
 
 
 def create(conn: psycopg.Connection, schema: str, version_id: int) -> RunRecord:
@@ -82,14 +83,16 @@ def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion
     return _from_row(row)
 
 
-def heartbeat(conn: psycopg.Connection, schema: str, version_id: int, attempt: int) -> bool:
-    """Record that the driver of ``attempt`` is alive; False if a restart replaced it or its
-    run was stopped (perhaps from another host, which cannot signal it): it must exit."""
+def heartbeat(conn: psycopg.Connection, schema: str, version_id: int, attempt: int,
+              busy_since: datetime | None = None) -> bool:
+    """Record that the driver of ``attempt`` is alive, and since when it works on its current
+    batch (None between batches); False if a restart replaced it or its run was stopped
+    (perhaps from another host, which cannot signal it): it must exit."""
     active = [state.value for state in RunState if state.is_active]
     cur = conn.execute(
-        sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE version_id = %s AND attempt = %s "
-                "AND state = ANY(%s)").format(qualified(schema, "runs")),
-        (version_id, attempt, active))
+        sql.SQL("UPDATE {} SET heartbeat_at = now(), busy_since = %s WHERE version_id = %s "
+                "AND attempt = %s AND state = ANY(%s)").format(qualified(schema, "runs")),
+        (busy_since, version_id, attempt, active))
     return cur.rowcount == 1
 
 
@@ -103,3 +106,23 @@ def processed_offsets(conn: psycopg.Connection, schema: str, version_id: int
     for topic, partition, next_offset in rows:
         result.setdefault(topic, {})[str(partition)] = next_offset
     return result
+
+
+def quarantine_batch(conn: psycopg.Connection, schema: str, version_id: int) -> int | None:
+    """The batch that `kappa restart --quarantine` marked, if any."""
+    row = conn.execute(sql.SQL("SELECT quarantine_batch FROM {} WHERE version_id = %s")
+                       .format(qualified(schema, "runs")), (version_id,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def set_quarantine_batch(conn: psycopg.Connection, schema: str, version_id: int,
+                         batch_id: int | None) -> None:
+    conn.execute(sql.SQL("UPDATE {} SET quarantine_batch = %s WHERE version_id = %s")
+                 .format(qualified(schema, "runs")), (batch_id, version_id))
+
+
+def note_reason(conn: psycopg.Connection, schema: str, version_id: int, attempt: int,
+                reason: str | None) -> None:
+    """Why an active run makes no progress (a retry), without changing its state."""
+    conn.execute(sql.SQL("UPDATE {} SET reason = %s WHERE version_id = %s AND attempt = %s")
+                 .format(qualified(schema, "runs")), (reason, version_id, attempt))

@@ -68,6 +68,5 @@ def _diff_text(report: Any) -> str:
     for check in report.guardrails:
         lines.append(f"guardrail {check.name!r}: {'passed' if check.passed else 'FAILED'}"
                      + (f" ({check.detail})" if check.detail else ""))
-    lines.append("validation " + ("passed" if report.passed else "FAILED")
-                 + f": stored as {report.b}'s latest validation")
+    lines.append(f"validation {report.verdict}; stored as {report.b}'s latest validation")
     return "\n".join(lines)

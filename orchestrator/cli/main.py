@@ -45,7 +45,13 @@ def _parser() -> argparse.ArgumentParser:
 
     _command(sub, "status", "every version: state, driver, table, offsets, lag", "job?")
     _command(sub, "stop", "stop a version's driver", "job", "version")
-    _command(sub, "restart", "resume a version from its checkpoint", "job", "version")
+    r = _command(sub, "restart", "resume a version from its checkpoint", "job", "version")
+    r.add_argument("--allow-gap", action="store_true",
+                   help="if the log changed under the version (topic recreated, retention past "
+                   "what it read), go on from the log start and record the gap")
+    r.add_argument("--quarantine", action="store_true",
+                   help="re-run the batch that keeps failing range by range, move the records "
+                   "that fail to the dead-letter table with their error, and go on")
 
     w = _command(sub, "wait", "wait until a version has caught up", "job", "version")
     w.add_argument("--max-lag", type=int, default=0, help="records behind that count as caught up")
@@ -59,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("--window", type=float, default=30.0,
                     help="evaluation window in seconds for rates and states")
 
-    for name, text in (("agent", "long-running agent: serves the Prometheus exporter"),
+    for name, text in (("agent", "long-running agent: serves the Prometheus exporter and "
+                                 "restarts this host's drivers that died"),
                        ("metrics", "Prometheus exporter (`kappa metrics serve`)")):
         m = _command(sub, name, text, json=False)
         if name == "metrics":
@@ -68,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         m.add_argument("--port", type=int, default=9464)
         m.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
         m.add_argument("--window", type=float, default=30.0, help="evaluation window, seconds")
+        if name == "agent":
+            m.add_argument("--no-restart", dest="restart", action="store_false",
+                           help="do not restart this host's drivers that died")
 
     pr = _command(sub, "promote", "switch an alias to a version", "job", "version", alias=True)
     pr.add_argument("--force", action="store_true",
@@ -108,6 +118,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="what to produce (default: profiles for a topic named profiles*, "
                     "else pageviews)")
     ps.add_argument("--users", type=int, help="user ids 1..N (default 5000)")
+    ps.add_argument("--transactional", action="store_true",
+                    help="produce in transactions of 1,000 records and abort every 5th")
     ps.add_argument("--invalid-share", type=float,
                     help="share of invalid events in [0, 1) (default: 0.4 %% of page views, "
                     "0.1 %% of profile changes)")
@@ -165,7 +177,9 @@ def run(args: argparse.Namespace) -> int:
                   "`kappa deploy jobs/<job>/<version>.py`")
         return 0
     if cmd in ("stop", "restart"):
-        st = getattr(service, cmd)(args.job, args.version)
+        st = (service.restart(args.job, args.version, allow_gap=args.allow_gap,
+                              quarantine=args.quarantine)
+              if cmd == "restart" else service.stop(args.job, args.version))
         print_json(st.to_json()) if args.json else print(status_table([st]))
         return 0
     if cmd == "wait":
@@ -213,13 +227,15 @@ def run(args: argparse.Namespace) -> int:
             raise KappaError(f"--invalid-share must be in [0, 1), not {args.invalid_share:g}")
         kind = args.kind or ("profiles" if args.topic.startswith("profiles") else "pageviews")
         count = service.produce_sample(args.topic, args.count, args.seed, args.rate, kind=kind,
-                                       users=args.users, invalid_share=args.invalid_share)
+                                       users=args.users, invalid_share=args.invalid_share,
+                                       transactional=args.transactional)
         if args.json:
             print_json({"topic": args.topic, "produced": count, "seed": args.seed,
-                        "kind": kind})
+                        "kind": kind, "transactional": args.transactional})
         else:
             what = "profile changes" if kind == "profiles" else "page views"
-            print(f"produced {count:,} sample {what} to {args.topic} (seed {args.seed})")
+            how = (" in transactions of 1,000, every 5th aborted" if args.transactional else "")
+            print(f"produced {count:,} sample {what} to {args.topic} (seed {args.seed}){how}")
         return 0
     raise KappaError(f"unknown command {cmd}")
 

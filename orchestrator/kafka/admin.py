@@ -22,11 +22,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from orchestrator.errors import KappaError, NotFoundError, ServiceUnavailableError
+from orchestrator.errors import ConfigError, KappaError, NotFoundError, ServiceUnavailableError
+from orchestrator.kafka_endpoint import Kafka, as_endpoint
 
 __all__ = [
     "base_config",
     "broker_reachable",
+    "check_access",
     "ensure_topic",
     "kafka_errors",
     "topic_partitions",
@@ -64,29 +66,91 @@ LIBRDKAFKA_LOG = logging.getLogger("orchestrator.kafka.librdkafka")
 LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 
 
-def base_config(bootstrap: str) -> dict[str, Any]:
-    """Settings shared by every client the orchestrator creates."""
+# Errors that mean "the broker refused who we are" (TLS handshake, SASL). librdkafka reports them
+# only to the error callback; the call itself then fails as a plain transport error. The last one
+# per bootstrap is kept here so that translate() can name the setting to fix.
+_SECURITY = frozenset({KafkaError._SSL, KafkaError._AUTHENTICATION,
+                       KafkaError.SASL_AUTHENTICATION_FAILED,
+                       KafkaError.UNSUPPORTED_SASL_MECHANISM, KafkaError.ILLEGAL_SASL_STATE})
+_security_errors: dict[str, KafkaError] = {}
+
+
+def _on_error(bootstrap: str) -> Any:
+    def record(err: KafkaError) -> None:
+        if err.code() in _SECURITY:
+            _security_errors[bootstrap] = err
+    return record
+
+
+def base_config(bootstrap: Kafka) -> dict[str, Any]:
+    """Settings shared by every client the orchestrator creates: the endpoint's (security
+    included), then ours. Each client adds its own on top."""
+    endpoint = as_endpoint(bootstrap)
     return {
-        "bootstrap.servers": bootstrap,
+        **endpoint.client_config(),
         "client.id": "kappa-orchestrator",
         # Fail fast enough for a CLI when the broker is down; librdkafka retries on its own.
         "socket.connection.setup.timeout.ms": 5000,
         "log.connection.close": False,
         "logger": LIBRDKAFKA_LOG,
+        "error_cb": _on_error(endpoint.bootstrap),
     }
 
 
-def translate(err: KafkaError | BaseException | str, doing: str, bootstrap: str) -> KappaError:
+def _refused(bootstrap: Kafka, doing: str) -> ConfigError | None:
+    """The security error behind a transport failure, as the setting to fix, if there was one."""
+    endpoint = as_endpoint(bootstrap)
+    err = _security_errors.pop(endpoint.bootstrap, None)
+    if err is None:
+        return None
+    return ConfigError(f"the Kafka broker at {endpoint.bootstrap} refused the connection while "
+                       f"{doing} ({_short(err)}): {endpoint.hint()}")
+
+
+def _short(err: KafkaError) -> str:
+    """librdkafka's reason without the broker prefix and the state-machine suffix."""
+    text = err.str().split("/bootstrap: ", 1)[-1].split(" (after ", 1)[0]
+    return f"{err.name()}: {text.split(', verify that ', 1)[0]}"
+
+
+def check_access(kafka: Kafka, timeout_s: float = 5.0) -> None:
+    """Connect and read the cluster's metadata, or raise the error that names what to fix: a
+    ConfigError for a refused certificate or password, ServiceUnavailableError for silence."""
+    endpoint = as_endpoint(kafka)
+    _security_errors.pop(endpoint.bootstrap, None)
+    admin = _admin(endpoint)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=0.25)
+            return
+        except KafkaException as exc:
+            admin.poll(0)  # serves the error callback, which carries the TLS or SASL reason
+            refused = _refused(endpoint, "connecting")
+            if refused is not None:
+                raise refused from exc
+            if time.monotonic() >= deadline:
+                raise translate(exc, "connecting", endpoint) from exc
+
+
+def translate(err: KafkaError | BaseException | str, doing: str, bootstrap: Kafka) -> KappaError:
     """Turn a confluent-kafka error into the KappaError a user can act on."""
     if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
         err = err.args[0]
     if isinstance(err, KafkaError):
         code = err.code()
         detail = f"{err.name()}: {err.str()}"
+        if code in _SECURITY:
+            return ConfigError(f"the Kafka broker at {bootstrap} refused {doing} ({detail}): "
+                               f"{as_endpoint(bootstrap).hint()}")
         if code in _UNAVAILABLE:
+            refused = _refused(bootstrap, doing)
+            if refused is not None:
+                return refused
             return ServiceUnavailableError(
                 f"the Kafka broker at {bootstrap} did not answer while {doing} ({detail}): "
-                "start it (`kappa dev up`) or fix KAPPA_KAFKA_BOOTSTRAP, then retry"
+                "start it (`kappa dev up`) or fix KAPPA_KAFKA_BOOTSTRAP (and "
+                "kafka_security_protocol, if it needs TLS or SASL), then retry"
             )
         if code in _NOT_FOUND:
             return NotFoundError(
@@ -104,7 +168,7 @@ def translate(err: KafkaError | BaseException | str, doing: str, bootstrap: str)
 
 
 @contextmanager
-def kafka_errors(doing: str, bootstrap: str) -> Iterator[None]:
+def kafka_errors(doing: str, bootstrap: Kafka) -> Iterator[None]:
     """Re-raise any confluent-kafka exception raised inside the block as a KappaError."""
     try:
         yield
@@ -116,12 +180,14 @@ def kafka_errors(doing: str, bootstrap: str) -> Iterator[None]:
         raise translate(exc, doing, bootstrap) from exc
 
 
-def _admin(bootstrap: str) -> AdminClient:
+def _admin(bootstrap: Kafka) -> AdminClient:
     with kafka_errors("creating an admin client", bootstrap):
         return AdminClient(base_config(bootstrap))
 
 
-def _describe(admin: AdminClient, bootstrap: str, topic: str, timeout_s: float) -> list[int] | None:
+def _describe(
+    admin: AdminClient, bootstrap: Kafka, topic: str, timeout_s: float
+) -> list[int] | None:
     """Partition ids of ``topic``, or None if the broker does not know it."""
     doing = f"describing topic {topic!r}"
     with kafka_errors(doing, bootstrap):
@@ -137,7 +203,7 @@ def _describe(admin: AdminClient, bootstrap: str, topic: str, timeout_s: float) 
 
 
 def topic_partitions(
-    bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: Kafka, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[int]:
     """Sorted partition ids of an existing topic; NotFoundError if there is no such topic."""
     partitions = _describe(_admin(bootstrap), bootstrap, topic, timeout_s)
@@ -150,7 +216,7 @@ def topic_partitions(
 
 
 def ensure_topic(
-    bootstrap: str, topic: str, partitions: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: Kafka, topic: str, partitions: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> bool:
     """Create ``topic`` with ``partitions`` partitions if it is missing; True if it was created.
 
@@ -189,7 +255,7 @@ def ensure_topic(
         time.sleep(0.05)
 
 
-def broker_reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
+def broker_reachable(bootstrap: Kafka, timeout_s: float = 1.0) -> bool:
     """True if the broker answers a metadata request within ``timeout_s``."""
     try:
         AdminClient(base_config(bootstrap)).list_topics(timeout=timeout_s)

@@ -14,10 +14,11 @@ from typing import Any, Self
 from confluent_kafka import Consumer, TopicPartition
 
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors
+from orchestrator.kafka_endpoint import Kafka
 from orchestrator.models import Offsets
 
 
-def _config(bootstrap: str, group: str) -> dict[str, Any]:
+def _config(bootstrap: Kafka, group: str) -> dict[str, Any]:
     # Commits only: no subscribe, so the group never rebalances and nothing is fetched.
     return {**base_config(bootstrap), "group.id": group, "enable.auto.commit": False,
             "enable.auto.offset.store": False}
@@ -26,7 +27,7 @@ def _config(bootstrap: str, group: str) -> dict[str, Any]:
 class GroupMirror:
     """Commits offsets to one consumer group; the client is created on first use."""
 
-    def __init__(self, bootstrap: str, group: str) -> None:
+    def __init__(self, bootstrap: Kafka, group: str) -> None:
         self.bootstrap, self.group = bootstrap, group
         self._consumer: Consumer | None = None
 
@@ -53,7 +54,7 @@ class GroupMirror:
             self._consumer = None
 
 
-def committed_offsets(bootstrap: str, group: str, partitions: Sequence[tuple[str, int]],
+def committed_offsets(bootstrap: Kafka, group: str, partitions: Sequence[tuple[str, int]],
                       timeout_s: float = DEFAULT_TIMEOUT_S) -> Offsets:
     """The group's committed offsets (partitions without a commit are left out)."""
     with kafka_errors(f"reading offsets of group {group}", bootstrap):

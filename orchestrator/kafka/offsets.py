@@ -1,22 +1,25 @@
 """True (log start, log end) per partition, on the Tansu broker and on a real Kafka alike.
 
-Tansu quirk: ListOffsets(latest) answers too low after a produce request that carried several
-records (5 single produces then one batch of 10 give 6, not 15), while the high watermark in a
-Fetch response is right. So the log end is found in two steps:
+Everything the orchestrator reads, it reads ``read_committed``: records of aborted transactions
+are skipped (by a real Kafka; Tansu does not filter them), and the log end is the *last stable
+offset* (LSO): the first offset of a transaction still open, else the high watermark. A batch
+never reaches past it, so a reader never waits on a transaction.
 
-1. ListOffsets(earliest) and ListOffsets(latest) for all partitions (two batched requests). The
-   latest value is a lower bound of the end (exact on a real Kafka).
-2. Fetch every partition from that candidate with one consumer (``assign``, no group protocol,
-   ``enable.partition.eof``) until each partition has delivered a record or a partition-EOF
-   event. The high watermark of that Fetch response (``get_watermark_offsets(cached=True)``, or
-   the EOF event's offset) is the end. Records that come back (the candidate was below the end)
-   are dropped; the consumer is capped to small fetches and unassigned afterwards so it does
-   not pull data between calls.
+The LSO is where a ``read_committed`` Fetch reports the end of the partition (librdkafka's
+partition-EOF event). It is found in two steps:
+
+1. ListOffsets(earliest), and ListOffsets(latest) in both isolation levels. On a real Kafka the
+   read_committed answer *is* the LSO. Tansu answers 0 to it, and its read_uncommitted answer is
+   too low after a produce request that carried several records (5 single produces then one
+   batch of 10 give 6, not 15); either is a lower bound of the end.
+2. Fetch every partition from the highest candidate with one read_committed consumer
+   (``assign``, no group protocol, ``enable.partition.eof``) until it reports the partition's
+   end; records before it are dropped. A candidate above the LSO (an open transaction, on a real
+   Kafka) gets no answer: after a short wait the partition is fetched again from the next lower
+   candidate (the last end found, then the log start).
 
 :class:`LogEndProbe` keeps that consumer open for repeated calls (a streaming source asks every
 micro-batch; a new consumer costs ~0.1 s). :func:`log_bounds` is the one-shot form.
-
-Isolation is ``read_uncommitted``: the end is the high watermark, not the last stable offset.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from orchestrator.errors import KappaError, NotFoundError, ServiceUnavailableError
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors, translate
+from orchestrator.kafka_endpoint import Kafka
 
 __all__ = ["Bounds", "LogEndProbe", "log_bounds"]
 
@@ -42,7 +46,7 @@ _TRANSIENT = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
                         KafkaError._RESOLVE, KafkaError._TIMED_OUT})
 
 
-def _probe_config(bootstrap: str) -> dict[str, Any]:
+def _probe_config(bootstrap: Kafka) -> dict[str, Any]:
     return {
         **base_config(bootstrap),
         # Required by the client; no group is joined (assign only) and nothing is committed.
@@ -51,7 +55,7 @@ def _probe_config(bootstrap: str) -> dict[str, Any]:
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
         "allow.auto.create.topics": False,
-        "isolation.level": "read_uncommitted",
+        "isolation.level": "read_committed",
         "auto.offset.reset": "error",
         # One small Fetch per partition is all we need; no prefetching beyond one record.
         "fetch.max.bytes": 65536,
@@ -73,10 +77,15 @@ class LogEndProbe:
     thread-safe: use one probe per thread.
     """
 
-    def __init__(self, bootstrap: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, bootstrap: Kafka, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self._consumer: Consumer | None = None
+        # ListOffsets(latest) read_uncommitted needs a client of that isolation level. A consumer,
+        # not an AdminClient: AdminClient.list_offsets crashed the process here (a segfault in
+        # confluent-kafka 2.16), while consumers' ListOffsets have been steady.
+        self._uncommitted: Consumer | None = None
+        self._last_end: dict[tuple[str, int], int] = {}  # a lower bound of the end, next call
 
     def __enter__(self) -> Self:
         return self
@@ -90,10 +99,11 @@ class LogEndProbe:
         self.close()
 
     def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with kafka_errors("closing the log-end consumer", self.bootstrap):
-                consumer.close()
+        for consumer in (self._consumer, self._uncommitted):
+            if consumer is not None:
+                with kafka_errors("closing the log-end consumer", self.bootstrap):
+                    consumer.close()
+        self._consumer = self._uncommitted = None
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -127,8 +137,9 @@ class LogEndProbe:
                 raise translate(err if err is not None else "no partitions", doing, self.bootstrap)
             time.sleep(0.02)
 
-    def _list_offsets(self, tps: list[tuple[str, int]], which: int) -> dict[tuple[str, int], int]:
-        consumer = self._client()
+    def _list_offsets(self, tps: list[tuple[str, int]], which: int, *,
+                      committed: bool = True) -> dict[tuple[str, int], int]:
+        consumer = self._client() if committed else self._uncommitted_client()
         name = "earliest" if which == OFFSET_BEGINNING else "latest"
         doing = f"listing the {name} offsets"
         with kafka_errors(doing, self.bootstrap):
@@ -144,40 +155,65 @@ class LogEndProbe:
             out[(tp.topic, tp.partition)] = tp.offset
         return out
 
+    def _uncommitted_client(self) -> Consumer:
+        if self._uncommitted is None:
+            with kafka_errors("creating the log-end consumer", self.bootstrap):
+                self._uncommitted = Consumer({**_probe_config(self.bootstrap),
+                                              "isolation.level": "read_uncommitted"})
+        return self._uncommitted
+
     def bounds(self, topics: Sequence[str]) -> Bounds:
-        """{(topic, partition): (log start, log end)} for every partition of ``topics``."""
+        """{(topic, partition): (log start, last stable offset)} for every partition of
+        ``topics``."""
         if isinstance(topics, str):
             raise KappaError(f"bounds() takes a list of topic names, not the string {topics!r}")
         tps = [(t, p) for t in dict.fromkeys(topics) for p in self.partitions(t)]
         if not tps:
             return {}
         starts = self._list_offsets(tps, OFFSET_BEGINNING)
-        lower = self._list_offsets(tps, OFFSET_END)
-        candidates = {tp: max(lower[tp], starts[tp], 0) for tp in tps}
-        ends = self._fetch_high_watermarks(candidates)
+        committed = self._list_offsets(tps, OFFSET_END)  # the LSO on Kafka, 0 on Tansu
+        uncommitted = self._list_offsets(tps, OFFSET_END, committed=False)  # Tansu's bound
+        ladders = {tp: candidate_ladder(starts[tp], committed[tp], uncommitted[tp],
+                                        self._last_end.get(tp)) for tp in tps}
+        ends: dict[tuple[str, int], int] = {}
+        rung = 0
+        while len(ends) < len(tps):
+            pending = {tp: ladder[min(rung, len(ladder) - 1)] for tp, ladder in ladders.items()
+                       if tp not in ends}
+            last = all(rung >= len(ladders[tp]) - 1 for tp in pending)
+            ends.update(self._fetch_ends(pending, self.timeout_s if last else _RUNG_WAIT_S,
+                                         final=last))
+            rung += 1
+        for tp in tps:
+            self._last_end[tp] = ends[tp]
         return {tp: (starts[tp], max(ends[tp], starts[tp])) for tp in tps}
 
-    def _fetch_high_watermarks(
-        self, candidates: dict[tuple[str, int], int]
+    def _fetch_ends(
+        self, candidates: dict[tuple[str, int], int], wait_s: float, *, final: bool
     ) -> dict[tuple[str, int], int]:
-        """Fetch each partition once from its candidate and return the Fetch high watermark."""
+        """Fetch each partition from its candidate until the Fetch reports its end (the LSO).
+
+        Partitions with no answer within ``wait_s`` (a candidate above the LSO) are left out,
+        unless ``final``: then the silence is an error."""
         consumer = self._client()
-        doing = "fetching the high watermarks"
+        doing = "fetching the log ends"
         ends: dict[tuple[str, int], int] = {}
         last_error: KafkaError | None = None
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + wait_s
         with kafka_errors(doing, self.bootstrap):
             consumer.assign([TopicPartition(t, p, o) for (t, p), o in candidates.items()])
             try:
                 while len(ends) < len(candidates):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
+                        if not final:
+                            break
                         missing = sorted(set(candidates) - set(ends))
                         if last_error is not None:
                             raise translate(last_error, doing, self.bootstrap)
                         raise ServiceUnavailableError(
                             f"the Kafka broker at {self.bootstrap} sent no Fetch answer for "
-                            f"{missing} within {self.timeout_s:g} s: check that it is running "
+                            f"{missing} within {wait_s:g} s: check that it is running "
                             "(`kappa dev up`) and its log, then retry"
                         )
                     # consume() waits for a full batch or its timeout; poll() returns at once.
@@ -187,30 +223,39 @@ class LogEndProbe:
                         msgs = [] if one is None else [one]
                     for msg in msgs:
                         err = msg.error()
-                        topic, partition = msg.topic(), msg.partition()
-                        if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        if err is None:
+                            continue  # a record below the end: the EOF event follows
+                        if err.code() != KafkaError._PARTITION_EOF:
                             if err.code() in _TRANSIENT:
                                 last_error = err
                                 continue
-                            raise translate(err, f"{doing} of {topic}/{partition}", self.bootstrap)
-                        if topic is None or partition is None:
-                            continue
-                        key = (topic, partition)
-                        if key in ends or key not in candidates:
-                            continue
-                        _, high = consumer.get_watermark_offsets(
-                            TopicPartition(topic, partition), cached=True
-                        )
-                        seen = msg.offset()
-                        at_least = candidates[key] if seen is None else seen + (err is None)
-                        ends[key] = max(high, at_least)
+                            raise translate(err, f"{doing} of {msg.topic()}/{msg.partition()}",
+                                            self.bootstrap)
+                        key = (msg.topic() or "", msg.partition() or 0)
+                        offset = msg.offset()
+                        if key in candidates and key not in ends and offset is not None:
+                            ends[key] = offset
             finally:
                 consumer.unassign()
         return ends
 
 
+# How long a candidate above the end may stay unanswered before the next lower one is tried.
+_RUNG_WAIT_S = 0.5
+
+
+def candidate_ladder(start: int, committed: int, uncommitted: int, last_end: int | None
+                     ) -> list[int]:
+    """Where to fetch a partition's end from, highest first; each a lower bound of the end
+    unless a transaction is open. The last rung, the log start, always works."""
+    rungs = sorted({max(start, committed, uncommitted, last_end or 0),
+                    max(start, committed, last_end or 0), max(start, last_end or 0), start},
+                   reverse=True)
+    return rungs
+
+
 def log_bounds(
-    bootstrap: str, topics: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: Kafka, topics: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> Bounds:
     """{(topic, partition): (log start, log end)} with a throw-away consumer (~0.1 s)."""
     with LogEndProbe(bootstrap, timeout_s=timeout_s) as probe:

@@ -6,20 +6,24 @@ A ``None`` value is produced as a null value: a tombstone on a compacted topic.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from orchestrator.errors import KappaError, ServiceUnavailableError
 from orchestrator.kafka.admin import base_config, kafka_errors, translate
+from orchestrator.kafka_endpoint import Kafka
 
-__all__ = ["produce"]
+__all__ = ["TransactionalResult", "produce", "produce_in_transactions"]
 
 _POLL_EVERY = 10_000  # serve delivery reports every so many records
 
 
-def _producer_config(bootstrap: str, timeout_s: float) -> dict[str, Any]:
+def _producer_config(bootstrap: Kafka, timeout_s: float) -> dict[str, Any]:
     return {
         **base_config(bootstrap),
         "compression.type": "lz4",
@@ -60,7 +64,7 @@ class _Bucket:
 
 
 def produce(
-    bootstrap: str,
+    bootstrap: Kafka,
     topic: str,
     records: Iterable[tuple[bytes | None, bytes | None]],
     *,
@@ -119,3 +123,59 @@ def produce(
             "produce again"
         )
     return count
+
+
+@dataclass(frozen=True)
+class TransactionalResult:
+    committed: int  # records in committed transactions
+    aborted: int  # records written, then aborted: they hold offsets no reader should count
+    transactions: int
+    aborted_transactions: int
+
+
+def produce_in_transactions(
+    bootstrap: Kafka,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None]],
+    *,
+    per_transaction: int = 1_000,
+    abort_every: int = 5,
+    timeout_s: float = 60.0,
+) -> TransactionalResult:
+    """Send ``records`` in transactions of ``per_transaction`` records, aborting every
+    ``abort_every``-th one (the 5th, the 10th, ...) after its records reached the broker, as a
+    transactional producer that fails does. Each transaction leaves a marker offset per partition
+    it wrote to; an aborted one also leaves its records, which read_committed readers skip."""
+    if per_transaction < 1 or abort_every < 1:
+        raise KappaError("per_transaction and abort_every must be at least 1: fix the call")
+    doing = f"producing transactions to topic {topic!r}"
+    config = {**_producer_config(bootstrap, timeout_s), "delivery.report.only.error": False,
+              "transactional.id": f"kappa-sample-{uuid.uuid4().hex[:12]}"}
+    with kafka_errors(f"creating a transactional producer for {topic!r}", bootstrap):
+        producer = Producer(config)
+        producer.init_transactions(timeout_s)
+    committed = aborted = transactions = aborted_transactions = 0
+    source = iter(records)
+    with kafka_errors(doing, bootstrap):
+        while chunk := list(islice(source, per_transaction)):
+            transactions += 1
+            producer.begin_transaction()
+            for key, value in chunk:
+                while True:
+                    try:
+                        producer.produce(topic, value, key)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            if transactions % abort_every == 0:
+                if producer.flush(timeout_s):  # the records must be in the log to be aborted
+                    raise ServiceUnavailableError(
+                        f"records of a transaction to {topic!r} were not delivered within "
+                        f"{timeout_s:g} s: check the broker at {bootstrap}, then produce again")
+                producer.abort_transaction(timeout_s)
+                aborted += len(chunk)
+                aborted_transactions += 1
+            else:
+                producer.commit_transaction(timeout_s)
+                committed += len(chunk)
+    return TransactionalResult(committed, aborted, transactions, aborted_transactions)

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors
+from orchestrator.kafka_endpoint import Kafka
 
 Position = tuple[str, int]
 
 
-def record_timestamps(bootstrap: str, positions: Mapping[Position, int],
+def record_timestamps(bootstrap: Kafka, positions: Mapping[Position, int],
                       timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[Position, int]:
     """Timestamp (ms) of the first record at or after each offset; partitions with no record
     there (the offset is the log end) are left out."""

@@ -147,7 +147,8 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
 
 def status_metrics(statuses: Sequence[VersionStatus]
                    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    rows = _gauge("output_rows", "Rows in the version's output table", VERSION_LABELS)
+    rows = _gauge("output_rows", "Rows in the version's output table, from PostgreSQL's "
+                  "statistics (no scan)", VERSION_LABELS)
     dead = CounterMetricFamily(f"{PREFIX}_dead_letters", "Invalid events routed to the "
                                "version's dead-letter table", labels=list(VERSION_LABELS))
     heartbeat = _gauge("driver_heartbeat_age_seconds", "Seconds since the driver's last "

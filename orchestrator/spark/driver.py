@@ -16,21 +16,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from orchestrator.catalog import runs, versions
-from orchestrator.catalog.batches import StaleDriverError, apply_batch
+from orchestrator.catalog import events, runs, versions
+from orchestrator.catalog.batches import Mover, StaleDriverError, apply_batch, prune
 from orchestrator.catalog.output import create_stage
 from orchestrator.errors import JobFileError, KappaError
 from orchestrator.kafka.groups import GroupMirror
-from orchestrator.lag import lag_records
+from orchestrator.kafka_endpoint import Kafka
+from orchestrator.lag import lag_against, log_changed_reason, log_mismatches
+from orchestrator.logfile import RotatingLog
 from orchestrator.models import DELETE_COLUMN, KAFKA_COLUMNS, DeployedVersion, Offsets
 from orchestrator.naming import stage_table
 from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings, load_settings
-from orchestrator.spark.checkpoint import batch_end_offsets
+from orchestrator.spark.checkpoint import Checkpoint
+from orchestrator.spark.failures import POISON_ATTEMPTS, BatchFailure, is_outage, root_cause
 from orchestrator.spark.jobcode import load_transform, materialize
 from orchestrator.spark.session import build_session
 from orchestrator.spark.shape import JobError, shape_output
@@ -41,9 +46,10 @@ from orchestrator.states import RunState
 log = logging.getLogger("kappa.driver")
 _MAX_CATCH_UP_ROUNDS = 5
 _LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
-_BACKOFF_S = (2, 4, 8, 16, 30)
+_BACKOFF_S = (2, 4, 8, 16, 30)  # then 30 s between retries, for as long as it takes
 _MAX_QUERY_FAILURES = 10
 _FAILURE_WINDOW_S = 600
+_PRUNE_EVERY = 100  # batches between two prunings of the batch records
 
 
 def _connect(dsn: str) -> psycopg.Connection:
@@ -60,47 +66,118 @@ class BatchCommit:
     """
 
     def __init__(self, settings: Settings, version: DeployedVersion, attempt: int,
-                 conn: psycopg.Connection, prepare: Callable[[Any], Any], bootstrap: str):
+                 conn: psycopg.Connection, prepare: Callable[[Any], Any], kafka: Kafka,
+                 checkpoint: Checkpoint, start: Offsets, quarantine: int | None = None):
         self.settings, self.version, self.attempt = settings, version, attempt
-        self.conn, self.prepare = conn, prepare
+        self.conn, self.prepare, self.kafka = conn, prepare, kafka
+        self.quarantine = quarantine  # the catalog batch id `kappa restart --quarantine` marked
+        self.failure: BatchFailure | None = None  # the last batch that failed, and how often
+        self.commits = 0  # batches committed by this driver
+        self.heartbeat: Heartbeat | None = None  # told when a batch is in progress
+        self.after_commit: Callable[[BatchCommit], None] | None = None
+        self.retry_noted = False  # runs.reason says why we retry: clear it after a commit
+        # Spark's batch ids start at 0 in every new checkpoint; the catalog's continue.
+        self.checkpoint, self.base, self.start = checkpoint, checkpoint.batch_base(), start
         self.conn_dsn = settings.require_services()[0]
-        self.mirror = GroupMirror(bootstrap, version.consumer_group)
+        self.mirror = GroupMirror(kafka, version.consumer_group)
         self.stale = False
         spec = version.spec
         self.stage = (settings.data_schema, stage_table(spec.name, spec.version))
         self.columns = (*spec.output_columns, DELETE_COLUMN)
 
-    def __call__(self, df: Any, batch_id: int) -> None:
-        ckpt = self.version.checkpoint_dir
-        end = batch_end_offsets(ckpt, batch_id)
+    def __call__(self, df: Any, spark_batch_id: int) -> None:
+        ckpt = self.checkpoint
+        end = ckpt.batch_end_offsets(spark_batch_id)
         if end is None:
-            raise KappaError(f"no offset log entry for batch {batch_id} in {ckpt}")
-        previous = batch_end_offsets(ckpt, batch_id - 1) if batch_id > 0 else None
-        start = previous if previous is not None else self.version.log_start
+            raise KappaError(f"no offset log entry for batch {spark_batch_id} in "
+                             f"{ckpt.location}")
+        previous = ckpt.batch_end_offsets(spark_batch_id - 1) if spark_batch_id > 0 else None
+        start = previous if previous is not None else self.start
+        batch_id = self.base + spark_batch_id
+        if self.heartbeat is not None:
+            self.heartbeat.busy_since = datetime.now(UTC)
+        try:
+            self._commit(df, batch_id, start, end)
+        except StaleDriverError:
+            self.stale = True
+            raise
+        except Exception as exc:
+            if not is_outage(exc):
+                before = self.failure
+                tries = before.attempts + 1 if before and before.batch_id == batch_id else 1
+                self.failure = BatchFailure(batch_id, start, end, root_cause(exc), tries)
+            raise
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.busy_since = None
+        self.failure = None
+        self.commits += 1
+        if self.commits % _PRUNE_EVERY == 0:
+            folded = prune(self.conn, self.settings.catalog_schema, self.version.id,
+                           self.settings.batches_kept)
+            if folded:
+                log.info("folded %d old batch records into the summary", folded)
+        if self.after_commit is not None:
+            self.after_commit(self)
+        if self.retry_noted:
+            with self.conn.transaction():
+                runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
+                                 self.attempt, None)
+            self.retry_noted = False
+
+    def _commit(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> None:
         if self._already_applied(batch_id):
             log.info("batch %d already applied; skipping its replay", batch_id)
             self._mirror(end)
             return
         began = time.monotonic()
-        output = self.prepare(df)
-        write_id = uuid.uuid4().hex
-        # Executors COPY their partitions; only one summary row per task comes back.
-        written = output.mapInArrow(stage_writer(self.stage, self.columns, write_id),
-                                    WRITE_RESULT_SCHEMA).collect()
-        try:
-            result = apply_batch(self.conn, self.settings.catalog_schema,
-                                 self.settings.data_schema, self.version, self.attempt,
-                                 batch_id, start, end, write_id)
-        except StaleDriverError:
-            self.stale = True
-            raise
+        s = self.settings
+        if batch_id == self.quarantine:
+            write_id, staged = None, "several writes"
+            mover = self._quarantined(df, batch_id, start, end)
+        else:
+            write_id = self._stage(df)
+            staged, mover = "one write", None
+        result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
+                             self.attempt, batch_id, start, end, write_id, move=mover)
         self._mirror(end)
         seconds = time.monotonic() - began
-        log.info("batch %d: %d records, %d rows staged by %d tasks, %d output rows changed, "
-                 "%d dead letters, applied=%s, %.2fs (%.0f records/s)", batch_id,
-                 result.records, sum(r["rows"] for r in written), len(written),
-                 result.output_rows, result.dead_letters, result.applied, seconds,
+        log.info("batch %d: %d offsets, %s staged, %d output rows changed, %d dead letters, "
+                 "%d offsets without a record, applied=%s, %.2fs (%.0f records/s)", batch_id,
+                 result.records, staged, result.output_rows, result.dead_letters,
+                 result.gap_offsets, result.applied, seconds,
                  result.records / seconds if seconds else 0.0)
+
+    def _stage(self, df: Any) -> str:
+        """Transform ``df`` and have the executors COPY its rows into the stage table, under a
+        new write id; only one summary row per task comes back."""
+        output = self.prepare(df)
+        write_id = uuid.uuid4().hex
+        output.mapInArrow(stage_writer(self.stage, self.columns, write_id),
+                          WRITE_RESULT_SCHEMA).collect()
+        return write_id
+
+    def _quarantined(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> Mover:
+        from orchestrator.spark.quarantine import Quarantine
+
+        s, v = self.settings, self.version
+        if v.spec.mode != "batch":
+            raise JobError(f"{v.job} {v.version} is a stream job: its records pass through its "
+                           "state and cannot be re-run one range at a time; fix the job and "
+                           "redeploy it under a new VERSION")
+        quarantine = Quarantine(data_schema=s.data_schema, version=v, batch_id=batch_id, df=df,
+                                start=start, end=end, stage=self._stage, kafka=self.kafka)
+
+        def move(conn: psycopg.Connection) -> tuple[int, int]:
+            changed, isolated = quarantine(conn)
+            runs.set_quarantine_batch(conn, s.catalog_schema, v.id, None)
+            events.record(conn, s.catalog_schema, "quarantine", job=v.job, version=v.version,
+                          batch=batch_id, tries=quarantine.tries,
+                          records=[{"topic": t, "partition": p, "offset": o, "error": e}
+                                   for t, p, o, e in quarantine.poison])
+            return changed, isolated
+
+        return move
 
     def reconnect(self) -> None:
         if self.conn.closed or self.conn.broken:
@@ -131,6 +208,7 @@ class Heartbeat(threading.Thread):
         self.settings, self.dsn = settings, dsn
         self.version_id, self.attempt = version_id, attempt
         self.stopping = threading.Event()
+        self.busy_since: datetime | None = None  # set by the sink while a batch runs
 
     def run(self) -> None:
         conn: psycopg.Connection | None = None
@@ -139,7 +217,7 @@ class Heartbeat(threading.Thread):
                 if conn is None or conn.closed:
                     conn = _connect(self.dsn)
                 alive = runs.heartbeat(conn, self.settings.catalog_schema, self.version_id,
-                                       self.attempt)
+                                       self.attempt, self.busy_since)
             except psycopg.Error as exc:
                 log.warning("heartbeat failed (%s); retrying", str(exc).splitlines()[0])
                 conn = None
@@ -153,9 +231,10 @@ class Heartbeat(threading.Thread):
 class Driver:
     def __init__(self, settings: Settings, job: str, version_label: str, attempt: int):
         self.settings = settings
-        self.dsn, self.bootstrap = settings.require_services()
+        self.dsn, self.kafka = settings.require_services()
         self.attempt = attempt
         self.conn = _connect(self.dsn)
+        self._next_lag_check = 0.0
         deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
         self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
 
@@ -181,54 +260,155 @@ class Driver:
         with self.conn.transaction():
             # Versions deployed before stage tables existed get theirs now.
             create_stage(self.conn, s.data_schema, self.version.spec)
+        checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
+        self.start_offsets = self._resume_point(checkpoint)
+        with self.conn.transaction():
+            self.quarantine = runs.quarantine_batch(self.conn, s.catalog_schema,
+                                                    self.version.id)
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
         sink = BatchCommit(s, self.version, self.attempt, _connect(self.dsn),
                            self._batch_transform if self.version.spec.mode == "batch"
-                           else _unchanged, self.bootstrap)
+                           else _unchanged, self.kafka, checkpoint, self.start_offsets,
+                           quarantine=self.quarantine)
+        sink.heartbeat = heartbeat
 
+        behind: int | None = None
         for round_ in range(_MAX_CATCH_UP_ROUNDS):
             self._run_resilient(spark, sink, live=False)
             try:
                 behind = self._lag()
             except KappaError as exc:
                 log.warning("cannot measure the lag (%s); going live", exc)
+                behind = None
                 break
             log.info("catch-up round %d finished; %d records behind the log end", round_, behind)
             if behind <= s.chunk_records:
                 break
-        self.set_state(RunState.CAUGHT_UP)
-        self.set_state(RunState.LIVE)
+        if behind is not None and behind <= s.max_lag_records:
+            self._caught_up(behind)
+        else:
+            # Caught up is a measurement, not a phase: the live query finishes the catch-up,
+            # and the state changes once a measured lag is within the limit.
+            log.info("going live %s records behind; caught_up is recorded once the measured lag "
+                     "is at most %d", "?" if behind is None else behind, s.max_lag_records)
+            sink.after_commit = self._check_caught_up
         self._run_resilient(spark, sink, live=True)
 
+    def _caught_up(self, behind: int) -> None:
+        log.info("caught up: %d records behind the log end (at most %d)", behind,
+                 self.settings.max_lag_records)
+        self.set_state(RunState.CAUGHT_UP)
+        self.set_state(RunState.LIVE)
+
+    def _check_caught_up(self, sink: BatchCommit) -> None:
+        now = time.monotonic()
+        if now < self._next_lag_check:
+            return
+        self._next_lag_check = now + 2.0
+        try:
+            behind = self._lag()
+        except KappaError as exc:
+            log.warning("cannot measure the lag (%s)", exc)
+            return
+        if behind <= self.settings.max_lag_records:
+            sink.after_commit = None
+            self._caught_up(behind)
+
+    def _resume_point(self, checkpoint: Checkpoint) -> Offsets:
+        """Where the first batch of a new checkpoint starts, and a refusal when the log or the
+        checkpoint no longer fits what the catalog says was applied.
+
+        A checkpoint with batches carries its own start. Without one, a version that applied
+        nothing starts at its log start; a batch job that applied batches resumes at the
+        catalog's processed offsets (its output holds everything before them); a stream job's
+        state lived only in the lost checkpoint, so it cannot go on exactly."""
+        from orchestrator.catalog.batches import next_batch_id
+        from orchestrator.kafka.offsets import log_bounds
+
+        v = self.version
+        with self.conn.transaction():
+            processed = runs.processed_offsets(self.conn, self.settings.catalog_schema, v.id)
+            next_id = next_batch_id(self.conn, self.settings.catalog_schema, v.id)
+        if checkpoint.has_batches():
+            start = checkpoint.start_offsets() or v.log_start
+        elif next_id == 0:
+            start = v.log_start
+            checkpoint.start(0, start)
+        elif v.spec.mode == "stream":
+            raise JobError(
+                f"the checkpoint of {v.job} {v.version} ({checkpoint.location}) is gone, and "
+                "with it the state of its stream job: its output cannot be continued exactly. "
+                "Deploy the job under a new VERSION, which replays from offset 0")
+        else:
+            log.warning("no checkpoint at %s: resuming from the catalog's processed offsets "
+                        "with batch %d", checkpoint.location, next_id)
+            start = {t: dict(ps) for t, ps in v.log_start.items()}
+            for topic, partitions in processed.items():
+                start.setdefault(topic, {}).update(partitions)
+            checkpoint.start(next_id, start)
+        bounds = log_bounds(self.kafka, list(v.spec.topics))
+        mismatches = log_mismatches(processed or start, bounds)
+        if mismatches:
+            raise JobError(log_changed_reason(mismatches, v.job, v.version))
+        return start
+
     def _run_resilient(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
-        """Run a query; when it fails (e.g. the broker or PostgreSQL went away for a while),
-        restart it from the checkpoint with a growing pause. Exactly-once makes that safe; too
-        many failures in ten minutes fail the driver. A mistake in the job's code fails it at
-        once: running it again cannot help."""
+        """Run a query; when it fails, restart it from the checkpoint after a pause that grows
+        to a cap. Exactly-once makes that safe.
+
+        - An outage (PostgreSQL or the broker unreachable) is waited out, however long.
+        - A batch that fails ``POISON_ATTEMPTS`` times for another reason fails the driver,
+          with its offsets, the error and the remedy (a poison batch).
+        - Other failures (outside any batch) fail it after too many in ten minutes.
+        - A mistake in the job's code fails it at once: running it again cannot help."""
         failures: list[float] = []
+        retries, commits = 0, sink.commits
         while True:
             try:
                 self._run_query(spark, sink, live=live)
                 return
             except Exception as exc:
+                if sink.commits != commits:  # progress since the last failure: start over
+                    retries, commits = 0, sink.commits
                 if sink.stale or "StaleDriverError" in str(exc):
                     raise
                 job_error = _job_error(exc)
                 if job_error is not None:
                     raise job_error from exc
+                v = self.version
+                poison = sink.failure
+                if poison is not None and poison.attempts >= POISON_ATTEMPTS:
+                    raise JobError(poison.reason(v.job, v.version)) from exc
+                outage = is_outage(exc)
                 now = time.monotonic()
-                failures = [t for t in failures if now - t < _FAILURE_WINDOW_S] + [now]
-                if len(failures) > _MAX_QUERY_FAILURES:
-                    raise
-                delay = _BACKOFF_S[min(len(failures), len(_BACKOFF_S)) - 1]
-                log.warning("query failed (%s); restarting it from the checkpoint in %ds "
-                            "(%d/%d in %ds)", _first_line(exc), delay, len(failures),
-                            _MAX_QUERY_FAILURES, _FAILURE_WINDOW_S)
+                if not outage and poison is None:
+                    failures = [t for t in failures if now - t < _FAILURE_WINDOW_S] + [now]
+                    if len(failures) > _MAX_QUERY_FAILURES:
+                        raise
+                retries += 1
+                delay = _BACKOFF_S[min(retries, len(_BACKOFF_S)) - 1]
+                what = "unreachable service" if outage else "failure"
+                log.warning("query failed (%s: %s); restarting it from the checkpoint in %ds "
+                            "(retry %d)", what, root_cause(exc), delay, retries)
+                sink.retry_noted = self._note_retry(f"retrying after {what}: {root_cause(exc)}")
                 time.sleep(delay)
                 sink.reconnect()
                 self.reconnect()
+
+    def _note_retry(self, reason: str) -> bool:
+        """Best effort: show why the version makes no progress (`kappa status`), if the catalog
+        can be reached at all."""
+        try:
+            self.reconnect()
+            with self.conn.transaction():
+                runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
+                                 self.attempt, reason[:500])
+        except psycopg.Error:
+            self.conn.close()
+            return False
+        return True
 
     def reconnect(self) -> None:
         if self.conn.closed or self.conn.broken:
@@ -240,10 +420,11 @@ class Driver:
         streams = {}
         for source in v.spec.inputs:
             options = source_options(
-                bootstrap=self.bootstrap, source=source, group_id=v.consumer_group,
-                start_offsets=v.log_start, chunk_records=_LIVE_CHUNK if live else s.chunk_records,
+                kafka=self.kafka, source=source, group_id=v.consumer_group,
+                start_offsets=self.start_offsets,
+                chunk_records=_LIVE_CHUNK if live else s.chunk_records,
                 max_batch_records=s.max_batch_records, version_id=v.id,
-                catalog_schema=s.catalog_schema)
+                catalog_schema=s.catalog_schema, job=v.job, version=v.version)
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 
@@ -312,9 +493,7 @@ class Driver:
         with self.conn.transaction():
             processed = runs.processed_offsets(self.conn, self.settings.catalog_schema,
                                                self.version.id)
-        bounds = log_bounds(self.bootstrap, list(self.version.spec.topics))
-        ends = {key: end for key, (_, end) in bounds.items()}
-        return lag_records(processed, ends)
+        return lag_against(processed, log_bounds(self.kafka, list(self.version.spec.topics)))
 
 
 _OUTPUT_MODE_HINT = ("an aggregation without a watermark needs OUTPUT_MODE \"upsert\"; "
@@ -343,8 +522,9 @@ def _job_error(exc: BaseException) -> JobError | None:
     if isinstance(exc, JobError):
         return exc
     for line in str(exc).splitlines():
-        if "JobError:" in line:
-            return JobError(line.split("JobError:", 1)[1].strip()[:500])
+        for marker in ("JobError:", "LogChangedError:"):
+            if marker in line:
+                return JobError(line.split(marker, 1)[1].strip()[:1000])
     return None
 
 
@@ -353,10 +533,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--version", required=True)
     parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--log", type=Path, help="the log file, rotated at its size cap")
     args = parser.parse_args(argv)
+    settings = load_settings()
+    pump = RotatingLog(args.log, settings.driver_log_max_bytes) if args.log else None
+    if pump is not None:
+        pump.start()
+    try:
+        return _main(args, settings)
+    finally:
+        if pump is not None:
+            pump.finish()
+
+
+def _main(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = load_settings()
     driver = Driver(settings, args.job, args.version, args.attempt)
     try:
         driver.run()

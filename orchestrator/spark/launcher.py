@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.logfile import open_private
 from orchestrator.models import RunRecord
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
@@ -42,11 +43,11 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
     logs = settings.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{job}__{version}.log"
-    with open(log_path, "ab") as log:
+    with open_private(log_path) as log:
         log.write(f"\n=== attempt {attempt} starting at {time.ctime()} ===\n".encode())
     pid = spawn_detached(
         [sys.executable, "-m", "orchestrator.spark.driver", "--job", job, "--version", version,
-         "--attempt", str(attempt)],
+         "--attempt", str(attempt), "--log", str(log_path)],
         driver_environment(settings), log_path)
     try:
         started = psutil.Process(pid).create_time()

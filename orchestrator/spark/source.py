@@ -11,6 +11,7 @@ batch's commit moves them into the dead-letter table, so every offset is account
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from orchestrator.lag import split_range, take_records
+from orchestrator.errors import LogChangedError
+from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, KafkaEndpoint
+from orchestrator.lag import log_changed_reason, log_mismatches, split_range, take_records
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
@@ -44,17 +47,19 @@ KAFKA_DDL = ("`kafka_topic` string, `kafka_partition` int, `kafka_offset` bigint
 _ROWS_PER_ARROW_BATCH = 20_000
 
 
-def source_options(*, bootstrap: str, source: TopicInput, group_id: str,
+def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    start_offsets: dict[str, dict[str, int]], chunk_records: int,
-                   max_batch_records: int, version_id: int, catalog_schema: str
-                   ) -> dict[str, str]:
+                   max_batch_records: int, version_id: int, catalog_schema: str,
+                   job: str, version: str) -> dict[str, str]:
     return {
-        "bootstrap": bootstrap, "topic": source.topic, "group_id": group_id,
+        # The password is not an option: executors read it from their environment.
+        "kafka": json.dumps(kafka.public_options()), "topic": source.topic, "group_id": group_id,
         "schema": source.schema, "non_negative": json.dumps(list(source.non_negative)),
         "tombstones": source.tombstones,
         "start_offsets": json.dumps({source.topic: start_offsets.get(source.topic, {})}),
         "chunk_records": str(chunk_records), "max_batch_records": str(max_batch_records),
         "version_id": str(version_id), "catalog_schema": catalog_schema,
+        "job": job, "version": version,
     }
 
 
@@ -79,7 +84,8 @@ class KafkaLogSource(DataSource):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
         self.options = options
-        self.bootstrap = options["bootstrap"]
+        self.kafka = KafkaEndpoint.from_options(json.loads(options["kafka"]),
+                                                os.environ.get(PASSWORD_VARIABLE))
         self.topic = options["topic"]
         self.group_id = options["group_id"]
         self.chunk_records = int(options["chunk_records"])
@@ -88,16 +94,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end: dict[str, dict[str, int]] | None = None
 
     # Driver side -------------------------------------------------------------------------
-    def _log_ends(self) -> dict[str, dict[str, int]]:
+    def _bounds(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """{(topic, partition): (log start, log end)} of the topic, from a probe kept open."""
         from orchestrator.kafka.offsets import LogEndProbe
 
         if self._probe is None:
-            self._probe = LogEndProbe(self.bootstrap)
-        bounds = self._probe.bounds([self.topic])
-        ends: dict[str, dict[str, int]] = {}
-        for (topic, partition), (_, end) in bounds.items():
-            ends.setdefault(topic, {})[str(partition)] = end
-        return ends
+            self._probe = LogEndProbe(self.kafka)
+        bounds: dict[tuple[str, int], tuple[int, int]] = self._probe.bounds([self.topic])
+        return bounds
+
+    def _log_ends(self) -> dict[str, dict[str, int]]:
+        return _offsets(self._bounds(), 1)
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
         start: dict[str, dict[str, int]] = json.loads(self.options["start_offsets"])
@@ -112,9 +119,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit
                      ) -> dict[str, dict[str, int]]:
-        ends = self._available_now_end or self._log_ends()
+        bounds = self._bounds()
+        starts, ends = _offsets(bounds, 0), _offsets(bounds, 1)
+        mismatches = log_mismatches(start, bounds)
+        if mismatches:
+            raise LogChangedError(log_changed_reason(mismatches, self.options["job"],
+                                                     self.options["version"]))
+        if self._available_now_end is not None:
+            # The log end seen when the run started, plus partitions that appeared since.
+            ends = {t: {**ps, **self._available_now_end.get(t, {})} for t, ps in ends.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return take_records(start, ends, max_rows)
+        return take_records(start, ends, max_rows, starts)
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
         return self._log_ends()
@@ -141,6 +156,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # Executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from orchestrator.kafka.reader import read_range
+        from orchestrator.spark.writer import stage_read
 
         assert isinstance(partition, KafkaRange)
         schema = parse_ddl(self.options["schema"])
@@ -154,8 +170,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         parse = parser.parse
         add = builder.add
-        for records in read_range(self.bootstrap, partition.topic, partition.partition,
+        found = 0
+        for records in read_range(self.kafka, partition.topic, partition.partition,
                                   partition.start, partition.end, self.group_id, headers=True):
+            found += len(records)
             for offset, timestamp_ms, key, value, headers in records:  # type: ignore[misc]
                 values, error = parse(value)
                 add(offset, timestamp_ms, key, value, headers, values, error)
@@ -164,8 +182,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if builder.size >= _ROWS_PER_ARROW_BATCH:
                 yield builder.flush()
         builder.flush_dead_letters()
+        stage_read(self.options["catalog_schema"], int(self.options["version_id"]),
+                   partition.topic, partition.partition, partition.start, partition.end, found)
         if builder.size:
             yield builder.flush()
+
+
+def _offsets(bounds: dict[tuple[str, int], tuple[int, int]], side: int
+             ) -> dict[str, dict[str, int]]:
+    """One side of the bounds (0: log starts, 1: log ends) as source offsets."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), pair in bounds.items():
+        out.setdefault(topic, {})[str(partition)] = pair[side]
+    return out
 
 
 class _BatchBuilder:

@@ -51,3 +51,12 @@ def assert_batches_tile_the_log(settings: Any, job: str, version: str, topic: st
         position.update(end[topic])
     assert position == {str(p): e for p, e in log_end.items()}
     return rows
+
+
+def stop_drivers(service: Any) -> None:
+    """Stop every driver the service's catalog shows running (a test's clean-up)."""
+    from orchestrator.spark import launcher
+
+    for status in service.status():
+        if status.pid:
+            launcher.terminate(status.pid, None, grace_s=2)

@@ -43,3 +43,89 @@ def test_agent_serves_fresh_metrics_and_stops_on_sigterm(settings, tmp_path: Pat
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+@pytest.mark.spark
+def test_the_agent_restarts_a_killed_driver_and_the_output_stays_exact(
+        settings, topic, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from orchestrator.service import Orchestrator
+
+    from conftest import job_file
+    from integration.helpers import assert_batches_tile_the_log, dead_letters, output, stop_drivers
+    from integration.observability import agent
+    from reference import compute
+
+    settings = replace(settings, max_batch_records=8_000, chunk_records=4_000)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 60_000, seed=81)
+    job = "pageview_counts"
+    try:
+        with agent(settings, tmp_path, "--interval", "0.5"):
+            service.deploy(job_file(tmp_path, "v1", topic))
+
+            def progressed() -> object:
+                st = service.version_status(job, "v1")
+                done = sum(o for ps in st.processed_offsets.values() for o in ps.values())
+                return st if st.pid and done >= 15_000 else None
+
+            st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.1)
+            os.killpg(st.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            # Until the agent restarts it, the version is failed, and waiting on it fails.
+            wait_until(lambda: service.version_status(job, "v1").attempt >= 2, 60,
+                       "the agent to restart the driver", poll_s=0.5)
+            final = service.wait(job, "v1", timeout_s=240)
+            ref = compute(settings.kafka_bootstrap, topic)
+            assert output(settings, f"{job}__v1") == ref.v1
+            assert dead_letters(settings, f"{job}__v1__dead_letters") == ref.invalid_offsets
+
+            # The agent's sampling reads no output table in full, however large it grows.
+            scans = _sequential_scans(settings, job)
+            first = _last_sample(tmp_path)
+            wait_until(lambda: _last_sample(tmp_path) >= first + 2.0, 60,
+                       "four more samples (one every 0.5 s)")
+            assert _sequential_scans(settings, job) == scans
+            # ... and still reports the output's size: the statistics follow every commit.
+            wait_until(lambda: _sampled_rows(tmp_path, job) == len(ref.v1), 30,
+                       f"the agent's output_rows sample to reach {len(ref.v1)}", poll_s=0.5)
+        assert final.attempt == 2
+        assert_batches_tile_the_log(settings, job, "v1", topic, ref.log_end)
+        (restart,) = [e for e in service.events(job, "v1") if e["kind"] == "agent_restart"]
+        assert restart["detail"]["failed_attempt"] == 1 and restart["detail"]["attempt"] == 2
+        assert "is gone" in restart["detail"]["reason"]
+    finally:
+        stop_drivers(service)
+
+
+def _sequential_scans(settings, job: str) -> dict[str, int]:
+    import psycopg
+
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = conn.execute(
+            "SELECT relname, seq_scan FROM pg_stat_user_tables WHERE schemaname = %s "
+            "AND relname LIKE %s", (settings.data_schema, f"{job}__v1%")).fetchall()
+    return dict(rows)
+
+
+def _sampled_rows(tmp_path: Path, job: str) -> float | None:
+    from integration.observability import scrape
+
+    found = re.search(rf'^kappa_output_rows{{job="{job}",version="v1"}} (\S+)$',
+                      scrape(_agent_target(tmp_path)), re.M)
+    return float(found.group(1)) if found else None
+
+
+def _agent_target(tmp_path: Path) -> str:
+    return re.search(r"http://(127\.0\.0\.1:\d+)/metrics",
+                     (tmp_path / "agent.out").read_text()).group(1)  # type: ignore[union-attr]
+
+
+def _last_sample(tmp_path: Path) -> float:
+    """When the agent's last sample succeeded, as its exporter says."""
+    from integration.observability import scrape
+
+    found = re.search(r"^kappa_exporter_last_success_timestamp_seconds (\S+)$",
+                      scrape(_agent_target(tmp_path)), re.M)
+    return float(found.group(1)) if found else 0.0

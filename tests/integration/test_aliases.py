@@ -51,8 +51,12 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
         service.promote(JOB, "v1")
     with pytest.raises(StateError, match="--reason"):
         service.promote(JOB, "v1", force=True)
-    assert service.diff(JOB, "v2", "v1").passed  # v1 declares no guardrails
-    service.promote(JOB, "v1")
+    unchecked = service.diff(JOB, "v2", "v1")  # v1 declares no guardrails
+    assert not unchecked.passed and unchecked.guardrails == ()
+    assert "no guardrails" in unchecked.verdict
+    with pytest.raises(StateError, match="ran no guardrails"):
+        service.promote(JOB, "v1")
+    service.promote(JOB, "v1", force=True, reason="first version: nothing served before")
     v1, v2 = output(settings, f"{JOB}__v1"), output(settings, f"{JOB}__v2")
     assert _alias_rows(settings) == v1
 
@@ -73,6 +77,7 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
     # New events during the A/B phase: v1 keeps processing them, so a rollback lands on
     # current data.
     service.produce_sample(topic, 2_000, seed=102)
+    service.wait(JOB, "v2", timeout_s=60)  # promote measures the lag: v2 must have read them
     service.promote(JOB, "v2")
     service.rollback(JOB, reason="checking rollback")
     ref = compute(settings.kafka_bootstrap, topic)
@@ -148,6 +153,7 @@ def test_versions_with_other_columns_promote_but_never_split(service, settings, 
     for version in ("v1", "v3"):
         service.wait(JOB, version, timeout_s=300)
     service.promote(JOB, "v1", force=True, reason="first")
+    assert service.diff(JOB, "v1", "v3").passed
     with pytest.raises(ConflictError, match="other output columns"):
         service.ab(JOB, "v3", 10, reason="split")
     service.promote(JOB, "v3", force=True, reason="new columns")

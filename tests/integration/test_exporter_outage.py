@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import job_file, wait_until
+from integration.helpers import stop_drivers
 from integration.observability import agent, scrape
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -45,7 +46,6 @@ def test_agent_survives_broker_and_postgres_outages(tmp_path: Path) -> None:
     from orchestrator.dev import stack as dev_stack
     from orchestrator.service import Orchestrator
     from orchestrator.settings import Settings
-    from orchestrator.spark import launcher
 
     # A stack of its own: this test takes its services away.
     state = Path(tempfile.mkdtemp(prefix="kappa-outage-"))
@@ -80,9 +80,7 @@ def test_agent_survives_broker_and_postgres_outages(tmp_path: Path) -> None:
             assert "kappa_lag_records" in scrape(target)
     finally:
         try:
-            for st in service.status():
-                if st.pid:
-                    launcher.terminate(st.pid, None, grace_s=2)
+            stop_drivers(service)
         finally:
             dev_stack.down(state)
             shutil.rmtree(state, ignore_errors=True)

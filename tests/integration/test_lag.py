@@ -14,6 +14,7 @@ import pytest
 from orchestrator.lag import Thresholds
 
 from conftest import job_file, kappa_cli, wait_until
+from integration.helpers import stop_drivers
 from integration.observability import agent, scrape
 from reference import compute
 
@@ -82,7 +83,6 @@ def test_lag_equals_log_end_minus_processed_everywhere_at_rest(service, settings
 
 def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path) -> None:
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
 
     settings = replace(settings, max_batch_records=10_000, chunk_records=5_000)
     service = Orchestrator(settings)
@@ -112,9 +112,7 @@ def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path)
                  if e["kind"] == "lag_state"]
         assert "stalled" in kinds and "stopped" in kinds  # transitions are in the event log
     finally:
-        for status in service.status():
-            if status.pid:
-                launcher.terminate(status.pid, None, grace_s=2)
+        stop_drivers(service)
 
 
 def test_producer_faster_than_the_job_is_falling_behind(settings, topic, tmp_path: Path) -> None:
@@ -123,7 +121,6 @@ def test_producer_faster_than_the_job_is_falling_behind(settings, topic, tmp_pat
     import time
 
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
 
     # A deliberately slow job: at most 300 records a micro-batch, one micro-batch a second.
     settings = replace(settings, max_batch_records=300, live_trigger_seconds=1.0)
@@ -159,6 +156,4 @@ def test_producer_faster_than_the_job_is_falling_behind(settings, topic, tmp_pat
         if producer is not None:
             producer.kill()
             producer.wait()
-        for status in service.status():
-            if status.pid:
-                launcher.terminate(status.pid, None, grace_s=2)
+        stop_drivers(service)

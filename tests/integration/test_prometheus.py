@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import job_file, wait_until
+from integration.helpers import stop_drivers
 from integration.observability import agent, prometheus, query
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -18,7 +19,6 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
                                                                tmp_path: Path) -> None:
     from orchestrator.metrics.dashboard import panel_queries
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
 
     # Small batches so that the replay is still running while Prometheus scrapes it.
     settings = replace(settings, max_batch_records=20_000, chunk_records=10_000)
@@ -40,6 +40,4 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
                        60, "the caught_up state to become 1")
             assert query(url, "kappa_exporter_stale == 0")
     finally:
-        for st in service.status():
-            if st.pid:
-                launcher.terminate(st.pid, None, grace_s=2)
+        stop_drivers(service)

@@ -42,3 +42,56 @@ def test_a_driver_on_another_host_is_not_failed_and_stops_itself(settings, topic
                    "the driver to stop itself at its next heartbeat")
     finally:
         launcher.terminate(pid, started)
+
+
+@pytest.mark.airflow
+def test_a_silent_remote_driver_fails_the_sensor_within_the_heartbeat_timeout(
+        settings, topic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import os
+    import signal
+    import time
+    from dataclasses import replace
+
+    from orchestrator.airflow.hooks import public_settings
+    from orchestrator.airflow.triggers import KappaCaughtUpTrigger
+    from orchestrator.errors import StateError
+    from orchestrator.service import Orchestrator
+
+    from integration.airflow_env import airflow_env
+
+    settings = replace(settings, heartbeat_timeout_s=6.0)
+    for name, value in airflow_env(settings, tmp_path / "airflow", tmp_path).items():
+        if name.startswith(("AIRFLOW", "KAPPA_")):
+            monkeypatch.setenv(name, value)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_000, seed=198)
+    service.deploy(job_file(tmp_path, "v1", topic))
+    st = wait_until(lambda: (s := service.version_status(JOB, "v1")).heartbeat_age_s is not None
+                    and s, 180, "the driver's first heartbeat")
+    # The driver runs on "another host", and dies there: only its heartbeats stop.
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("UPDATE {}.runs SET host = 'worker-elsewhere'")
+                     .format(sql.Identifier(settings.catalog_schema)))
+    os.kill(st.pid, signal.SIGKILL)  # type: ignore[union-attr, arg-type]
+    killed = time.time()
+    poll = 1.0
+    trigger = KappaCaughtUpTrigger(
+        job=JOB, version="v1", max_lag=0, poll_interval=poll,
+        postgres_conn_id="kappa_postgres", kafka_conn_id="kappa_kafka",
+        project_dir=str(tmp_path), settings=public_settings(settings),
+        # A sensor that waits longer than the heartbeat timeout plus one poll (and the time a
+        # poll itself takes here) reports a timeout instead of the dead driver.
+        deadline=killed + settings.heartbeat_timeout_s + poll + 5.0)
+
+    async def first_event() -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    payload = asyncio.run(asyncio.wait_for(first_event(), 60))
+    assert payload["status"] == "error", payload
+    assert "worker-elsewhere has not beaten" in payload["message"]
+    assert service.version_status(JOB, "v1").state.value == "failed"
+    with pytest.raises(StateError, match="it is failed"):
+        service.promote(JOB, "v1")

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from conftest import job_file, kappa_cli, wait_until
-from integration.helpers import assert_batches_tile_the_log, dead_letters, output, query
+from integration.helpers import (
+    assert_batches_tile_the_log,
+    dead_letters,
+    output,
+    query,
+    stop_drivers,
+)
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -72,7 +78,6 @@ def test_v1_and_v2_replay_exactly_side_by_side_then_go_live(service, settings, t
 def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
                                                                  tmp_path: Path) -> None:
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
 
     # Small batches, so that the replay spans many of them and a kill lands mid-replay.
     settings = replace(settings, max_batch_records=15_000, chunk_records=8_000)
@@ -110,9 +115,7 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
         events = [e["kind"] for e in service.events(JOB, "v2")]
         assert events.count("state") >= 12
     finally:
-        for st in service.status():
-            if st.pid:
-                launcher.terminate(st.pid, None, grace_s=2)
+        stop_drivers(service)
 
 
 def test_driver_failure_shows_reason_and_log_tail(service, settings, topic, tmp_path: Path

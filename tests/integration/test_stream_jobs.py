@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import wait_until
-from integration.helpers import batches
+from integration.helpers import batches, stop_drivers
 from integration.stream_helpers import dead_letter_offsets, example, table
 from reference_streams import (
     Log,
@@ -63,7 +63,6 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         settings, tmp_path: Path) -> None:
     from orchestrator.kafka.producer import produce
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
 
     big = Orchestrator(settings)  # catch-up batches of up to 500,000 records
     small = Orchestrator(replace(settings, max_batch_records=7_000, chunk_records=4_000))
@@ -156,9 +155,7 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         assert first_start == sum(before[-1][3][topics["pageviews"]].values()) > 0
     finally:
         for service in (big, small):
-            for st in service.status():
-                if st.pid:
-                    launcher.terminate(st.pid, None, grace_s=2)
+            stop_drivers(service)
 
 
 _BAD_STREAM = '''

@@ -1,0 +1,72 @@
+"""Telling a batch that cannot succeed (a poison batch) from an outage that will pass.
+
+An outage (PostgreSQL or the broker unreachable) is retried for as long as it lasts. Any other
+error of the same batch, seen ``POISON_ATTEMPTS`` times, fails the driver with the batch's
+offsets, the error and the remedy: retrying a null key or an exception in ``transform`` cannot
+help. Errors raised on executors reach the driver as text inside Spark's exceptions, so both are
+read from text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from orchestrator.models import Offsets
+
+POISON_ATTEMPTS = 3
+
+# Names and phrases of errors that mean "a service is unreachable now", wherever they were
+# raised (driver or executor, psycopg or confluent-kafka).
+_OUTAGE = re.compile(
+    r"ServiceUnavailableError|OperationalError|InterfaceError|AdminShutdown|"
+    r"connection (?:refused|failed|to server|is closed|not open)|server closed the connection|"
+    r"could not connect|Connection refused|_TRANSPORT|_ALL_BROKERS_DOWN|_TIMED_OUT|"
+    r"did not answer|made no progress|terminating connection", re.IGNORECASE)
+# "SomeError: message" lines of a Python traceback, as Spark relays them.
+_PYTHON_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def is_outage(exc: BaseException) -> bool:
+    import psycopg
+
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return True
+    return bool(_OUTAGE.search(f"{type(exc).__name__}: {exc}"))
+
+
+def root_cause(exc: BaseException) -> str:
+    """The most telling one-line reason: the last Python "XError: message" line relayed from a
+    worker, else the exception's first line."""
+    text = str(exc).strip()
+    found = None
+    for line in text.splitlines():
+        match = _PYTHON_ERROR.match(line)
+        if match and not match.group(1).startswith(("org.", "java.", "py4j.")) \
+                and not match.group(2).rstrip().endswith(":") \
+                and "exception was thrown" not in match.group(2):
+            found = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
+    if found is None:
+        found = text.splitlines()[0] if text else type(exc).__name__
+    return found[:400]
+
+
+@dataclass(frozen=True)
+class BatchFailure:
+    batch_id: int
+    start: Offsets
+    end: Offsets
+    error: str
+    attempts: int
+
+    def ranges(self) -> str:
+        parts = [f"{t}/{p} [{self.start.get(t, {}).get(p, hi)}, {hi})"
+                 for t, ps in sorted(self.end.items()) for p, hi in sorted(ps.items())
+                 if self.start.get(t, {}).get(p, hi) < hi]
+        return ", ".join(parts) or "no offsets"
+
+    def reason(self, job: str, version: str) -> str:
+        return (f"batch {self.batch_id} ({self.ranges()}) failed {self.attempts} times: "
+                f"{self.error}. Fix the job and redeploy it under a new VERSION, or run `kappa "
+                f"restart --quarantine {job} {version}` to move the records that fail to the "
+                "dead-letter table and go on")

@@ -1,0 +1,63 @@
+"""Honest gates: promote and A/B check the *measured* lag and a validation that is current."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import job_file, kappa_cli
+from integration.helpers import stop_drivers
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+def test_promote_is_refused_when_behind_or_validated_before_a_restart(
+    settings, topic, tmp_path: Path
+) -> None:
+    from orchestrator.errors import StateError
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 10_000, seed=71)
+    try:
+        for version in ("v1", "v2"):
+            service.deploy(job_file(tmp_path, version, topic))
+        for version in ("v1", "v2"):
+            service.wait(JOB, version, timeout_s=240)
+        service.promote(JOB, "v1", force=True, reason="first version")
+        assert service.diff(JOB, "v1", "v2").passed
+
+        # Live, but 10,000 records behind: its state says live, its measured lag says no.
+        driver = service.version_status(JOB, "v2").pid
+        os.kill(driver, signal.SIGSTOP)
+        try:
+            service.produce_sample(topic, 10_000, seed=72)
+            assert service.version_status(JOB, "v2").state.value == "live"
+            for switch in (lambda: service.promote(JOB, "v2"),
+                           lambda: service.ab(JOB, "v2", 10)):
+                with pytest.raises(StateError, match="it is 10000 records behind the log end"):
+                    switch()
+        finally:
+            os.kill(driver, signal.SIGCONT)
+        service.wait(JOB, "v2", timeout_s=120)
+
+        # A validation made before the version's restart no longer counts.
+        assert kappa_cli(settings, "restart", JOB, "v2").returncode == 0
+        service.wait(JOB, "v2", timeout_s=240)
+        refused = kappa_cli(settings, "promote", JOB, "v2")
+        assert refused.returncode == 1
+        assert "validation predates the latest deploy or restart of v2" in refused.stderr
+        service.wait(JOB, "v1", timeout_s=60)
+        assert service.diff(JOB, "v1", "v2").passed
+        assert service.promote(JOB, "v2")["primary"] == "v2"
+        (last,) = service.history(JOB)[-1:]
+        assert (last["action"], last["to"]) == ("promote", "v2") and not last["forced"]
+    finally:
+        stop_drivers(service)
