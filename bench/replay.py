@@ -1,25 +1,38 @@
-"""Replay benchmark: end-to-end replay rate against the raw read rate, measured in one run.
+"""Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
-    .venv/bin/python bench/replay.py [--count 1000000] [--json]
+    .venv/bin/python bench/replay.py [--events N [N ...]] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
-KAPPA_KAFKA_BOOTSTRAP), produces COUNT sample events into a new 4-partition topic, then:
-1. reads the whole topic with confluent-kafka alone in one process (no decoding): the raw rate;
-2. deploys a new version of pageview_counts v2 on that topic and waits until it has caught up:
-   records/s from the deploy call (Spark start included) and from the moment the driver's Spark
-   session was up (`replaying`) to `caught_up` (start excluded).
-It prints the rates and their ratios; it asserts nothing about speed.
+KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample events into a new
+4-partition topic, then measures, one after the other so that each has the machine to itself:
+1. the raw read rate (confluent-kafka, no decoding) of one process, and of one process per core
+   over disjoint partitions (spawned, timed from a common start barrier to the last to finish);
+2. bench/peer.py: one process that parses, validates and aggregates like pageview_counts v1
+   and COPYs the result into PostgreSQL;
+3. kappa: deploy pageview_counts v1 on the topic and wait until it has caught up: records/s from
+   the deploy call (Spark start included) and from the driver's `replaying` state (Spark session
+   up) to `caught_up` (start excluded); deploy to the first committed batch (the first catalog
+   `batches` row's `applied_at`, the now() of that batch's commit transaction); the driver's
+   peak resident memory (Python and JVM); µs per event with start excluded.
+It checks that kappa's output table equals the peer's row for row and that both rejected the
+same number of records (raises if not), prints the rates and ratios, and with several N the
+"flat cost" figure: µs per event at the largest N over µs per event at the smallest (1.0: the
+per-event cost does not grow with the log). It asserts nothing about speed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import re
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from psycopg import sql
@@ -27,9 +40,11 @@ from psycopg import sql
 from orchestrator.catalog.db import connect
 
 ROOT = Path(__file__).resolve().parents[1]
+JOB = "pageview_counts"
 
 
-def raw_read_rate(bootstrap: str, topic: str, expected: int) -> float:
+def reader(bootstrap: str, topic: str) -> Consumer:
+    """A consumer connected to the topic's broker, tuned as one big reader."""
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
         "enable.auto.commit": False, "enable.partition.eof": True,
@@ -38,12 +53,18 @@ def raw_read_rate(bootstrap: str, topic: str, expected: int) -> float:
         "queued.max.messages.kbytes": 262144, "queued.min.messages": 1000000,
         "fetch.wait.max.ms": 100,
     })
-    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-    began = time.perf_counter()
+    consumer.list_topics(topic, timeout=10)  # connects: not part of the timed read
+    return consumer
+
+
+def read_all(consumer: Consumer, topic: str, partitions: list[int]) -> int:
+    """Records from offset 0 to the end of each partition (no decoding)."""
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     pending, seen = set(partitions), 0
     while pending:
-        for msg in consumer.consume(10000, 1.0):
+        # consume() waits out its whole timeout unless the batch fills: a long one would add
+        # that wait to the tail of every read (a second on 20,000 records).
+        for msg in consumer.consume(10000, 0.05):
             err = msg.error()
             if err is None:
                 seen += 1
@@ -51,6 +72,22 @@ def raw_read_rate(bootstrap: str, topic: str, expected: int) -> float:
                 pending.discard(msg.partition())
             else:
                 raise RuntimeError(err)
+    return seen
+
+
+def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+    consumer = reader(bootstrap, topic)
+    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+    consumer.close()
+    return partitions
+
+
+def raw_read_rate(bootstrap: str, topic: str, expected: int) -> float:
+    """Records/s of one process reading the whole topic."""
+    partitions = topic_partitions(bootstrap, topic)
+    consumer = reader(bootstrap, topic)
+    began = time.perf_counter()
+    seen = read_all(consumer, topic, partitions)
     elapsed = time.perf_counter() - began
     consumer.close()
     if seen != expected:
@@ -58,8 +95,42 @@ def raw_read_rate(bootstrap: str, topic: str, expected: int) -> float:
     return seen / elapsed
 
 
+def _read_share(bootstrap: str, topic: str, partitions: list[int], barrier: Any,
+                results: Any) -> None:
+    """One reader process: connect, wait for the others, read its partitions; report
+    (records, began, ended) on the monotonic clock, which all processes share on Linux."""
+    consumer = reader(bootstrap, topic)
+    barrier.wait()
+    began = time.monotonic()
+    seen = read_all(consumer, topic, partitions)
+    results.put((seen, began, time.monotonic()))
+    consumer.close()
+
+
+def raw_read_rate_all_cores(bootstrap: str, topic: str, expected: int) -> tuple[float, int]:
+    """(records/s, processes): one reader process per usable core over disjoint partitions."""
+    partitions = topic_partitions(bootstrap, topic)
+    n = min(len(os.sched_getaffinity(0)), len(partitions))
+    ctx = multiprocessing.get_context("spawn")  # no forked librdkafka threads or sockets
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_read_share, args=(bootstrap, topic, partitions[i::n], barrier,
+                                                   results)) for i in range(n)]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"a reader process exited with {p.exitcode}")
+    seen = sum(r[0] for r in reports)
+    if seen != expected:
+        raise RuntimeError(f"{n} raw readers saw {seen} records, expected {expected}")
+    return seen / (max(r[2] for r in reports) - min(r[1] for r in reports)), n
+
+
 def job_file(directory: Path, topic: str, version: str) -> Path:
-    source = (ROOT / "jobs" / "pageview_counts" / "v2.py").read_text()
+    # v1: the peer reproduces v1's semantics (the URL as it is), so the tables must be equal.
+    source = (ROOT / "jobs" / JOB / "v1.py").read_text()
     source = re.sub(r"^TOPICS = .*$", f'TOPICS = ["{topic}"]', source, flags=re.M)
     source = re.sub(r"^VERSION = .*$", f'VERSION = "{version}"', source, flags=re.M)
     path = directory / f"bench_{version}.py"
@@ -67,51 +138,156 @@ def job_file(directory: Path, topic: str, version: str) -> Path:
     return path
 
 
+def spark_up_to_caught_up(settings: Any, version: str) -> float:
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL(
+            "SELECT detail->>'to', at FROM {}.events WHERE job = %s AND version = %s "
+            "AND kind = 'state' ORDER BY id").format(sql.Identifier(settings.catalog_schema)),
+            (JOB, version)).fetchall()
+    at = {to: when for to, when in rows}
+    return float((at["caught_up"] - at["replaying"]).total_seconds())
+
+
+def first_batch_at(settings: Any, version: str) -> datetime:
+    """When the version's first batch committed: `applied_at` of its lowest catalog batch.
+    That is now() of the commit transaction, i.e. when it began, milliseconds before its
+    COMMIT. Batch records are folded into a summary only beyond `batches_kept` (1,000), so the
+    first one is still there for any replay this bench runs."""
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT b.applied_at FROM {s}.batches b JOIN {s}.job_versions v "
+            "ON v.id = b.version_id WHERE v.job = %s AND v.version = %s "
+            "ORDER BY b.batch_id LIMIT 1").format(s=sql.Identifier(settings.catalog_schema)),
+            (JOB, version)).fetchone()
+    if row is None:
+        raise RuntimeError(f"no committed batch of {JOB} {version} in the catalog")
+    at: datetime = row[0]
+    return at
+
+
+def table_difference(settings: Any, table_a: str, table_b: str) -> int:
+    """Rows in one table and not in the other, both ways (0: equal row for row)."""
+    cols = sql.SQL("url, views, total_duration_ms")
+    a = sql.Identifier(settings.data_schema, table_a)
+    b = sql.Identifier(settings.data_schema, table_b)
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM ((SELECT {c} FROM {a} EXCEPT SELECT {c} FROM {b}) UNION ALL "
+            "(SELECT {c} FROM {b} EXCEPT SELECT {c} FROM {a})) d").format(c=cols, a=a, b=b)
+        ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str
+                 ) -> dict[str, Any]:
+    """Deploy v1 on the topic, wait until caught up, measure; the version is left running."""
+    from bench.memory import peak_rss_mb
+
+    deployed_at = datetime.now(UTC)
+    began = time.perf_counter()
+    service.deploy(job_file(workdir, topic, version))
+    status = service.wait(JOB, version, timeout_s=1800, poll_s=0.5)
+    wall = time.perf_counter() - began
+    memory = peak_rss_mb(status.pid)  # read while the driver runs: the kernel's high-water mark
+    return {"wall_s": wall, "replay_s": spark_up_to_caught_up(settings, version),
+            "first_batch_s": (first_batch_at(settings, version) - deployed_at).total_seconds(),
+            "dead_letters": status.dead_letters, "rows": status.rows, "memory": memory,
+            "processed": sum(o for ps in status.processed_offsets.values() for o in ps.values())}
+
+
+def measure(settings: Any, service: Any, workdir: Path, name: str, count: int
+            ) -> dict[str, Any]:
+    """Every figure for one topic of ``count`` events; ``name`` is unique per run."""
+    from bench import peer
+    from orchestrator.naming import output_table
+
+    topic, version = f"bench_{name}", f"b{name}"
+    bootstrap = settings.kafka_bootstrap or ""
+    produced = service.produce_sample(topic, count, seed=1)
+    raw_one = raw_read_rate(bootstrap, topic, produced)
+    raw_all, readers = raw_read_rate_all_cores(bootstrap, topic, produced)
+    peer_table = f"peer_{name}"
+    theirs = peer.replay(bootstrap, topic, settings.pg_dsn, settings.data_schema, peer_table)
+    ours = kappa_replay(settings, service, workdir, topic, version)
+    try:
+        differing = table_difference(settings, output_table(JOB, version), peer_table)
+    finally:
+        service.stop(JOB, version)  # frees the driver's memory before the next N
+    if differing or theirs["records"] != produced or theirs["invalid"] != ours["dead_letters"]:
+        raise RuntimeError(
+            f"kappa and the peer disagree on {topic}: {differing} rows differ; the peer read "
+            f"{theirs['records']} of {produced} records and rejected {theirs['invalid']}; "
+            f"kappa processed offsets up to {ours['processed']} in all and dead-lettered "
+            f"{ours['dead_letters']}")
+    wall, replay_s = ours["wall_s"], ours["replay_s"]
+    return {
+        "events": produced,
+        "raw_read_1_process_records_per_s": round(raw_one),
+        "raw_read_all_cores_records_per_s": round(raw_all),
+        "raw_read_all_cores_processes": readers,
+        "kappa_records_per_s_with_start": round(produced / wall),
+        "kappa_records_per_s_without_start": round(produced / replay_s),
+        "kappa_with_start_over_raw_1_process": round(produced / wall / raw_one, 4),
+        "kappa_with_start_over_raw_all_cores": round(produced / wall / raw_all, 4),
+        "kappa_without_start_over_raw_1_process": round(produced / replay_s / raw_one, 4),
+        "kappa_without_start_over_raw_all_cores": round(produced / replay_s / raw_all, 4),
+        "deploy_to_caught_up_s": round(wall, 2),
+        "spark_up_to_caught_up_s": round(replay_s, 2),
+        "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
+        "driver_peak_rss_python_mb": ours["memory"]["python_mb"],
+        "driver_peak_rss_jvm_mb": ours["memory"]["jvm_mb"],
+        "driver_peak_rss_total_mb": ours["memory"]["total_mb"],
+        "peer_s": round(theirs["seconds"], 2),
+        "peer_records_per_s": round(produced / theirs["seconds"]),
+        "peer_over_kappa_with_start": round(theirs["seconds"] / wall, 4),
+        "peer_over_kappa_without_start": round(theirs["seconds"] / replay_s, 4),
+        "output_rows": ours["rows"],
+        "dead_letters": ours["dead_letters"],
+        "tables_equal": True,  # checked above
+        "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
+    }
+
+
+def flat_cost(runs: list[dict[str, Any]]) -> float | None:
+    """µs/event at the largest N over µs/event at the smallest; None with one N."""
+    if len({r["events"] for r in runs}) < 2:
+        return None
+    small = min(runs, key=lambda r: r["events"])
+    large = max(runs, key=lambda r: r["events"])
+    ratio: float = large["kappa_us_per_event_without_start"] / small[
+        "kappa_us_per_event_without_start"]
+    return round(ratio, 4)
+
+
+def show(results: dict[str, Any]) -> None:
+    for run in results["runs"]:
+        print(f"--- {run['events']:,} events")
+        for key, value in run.items():
+            print(f"{key:44} {value:>14,}" if isinstance(value, int) and
+                  not isinstance(value, bool) else f"{key:44} {value!s:>14}")
+    if results["flat_cost_us_per_event_largest_over_smallest"] is not None:
+        print(f"{'flat_cost_us_per_event_largest_over_smallest':44} "
+              f"{results['flat_cost_us_per_event_largest_over_smallest']:>14}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--events", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument("--count", type=int, nargs="+", dest="events", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path
     from bench.stack import bench_stack
 
     with bench_stack("replay") as (settings, service, workdir, tag):
-        topic, version = f"bench_{tag}", f"b{tag}"
-        produced = service.produce_sample(topic, args.count, seed=1)
-        raw = raw_read_rate(settings.kafka_bootstrap or "", topic, produced)
-
-        began = time.perf_counter()
-        service.deploy(job_file(workdir, topic, version))
-        status = service.wait("pageview_counts", version, timeout_s=1800, poll_s=0.5)
-        wall = time.perf_counter() - began
-        replay_s = spark_up_to_caught_up(settings, version)
-        results = {
-            "records": produced,
-            "raw_read_records_per_s": round(raw),
-            "replay_records_per_s_with_start": round(produced / wall),
-            "replay_records_per_s_without_start": round(produced / replay_s),
-            "ratio_with_start": round(produced / wall / raw, 4),
-            "ratio_without_start": round(produced / replay_s / raw, 4),
-            "deploy_to_caught_up_s": round(wall, 2),
-            "spark_up_to_caught_up_s": round(replay_s, 2),
-            "dead_letters": status.dead_letters,
-        }
-        service.stop("pageview_counts", version)
+        runs = [measure(settings, service, workdir, f"{tag}_{i}", n)
+                for i, n in enumerate(args.events)]
+    results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        for key, value in results.items():
-            print(f"{key:36} {value:>14,}" if isinstance(value, int) else f"{key:36} {value:>14}")
+        show(results)
     return 0
-
-
-def spark_up_to_caught_up(settings, version: str) -> float:  # type: ignore[no-untyped-def]
-    with connect(settings.pg_dsn, autocommit=True) as conn:
-        rows = conn.execute(sql.SQL(
-            "SELECT detail->>'to', at FROM {}.events WHERE version = %s AND kind = 'state' "
-            "ORDER BY id").format(sql.Identifier(settings.catalog_schema)), (version,)).fetchall()
-    at = {to: when for to, when in rows}
-    return (at["caught_up"] - at["replaying"]).total_seconds()
 
 
 if __name__ == "__main__":

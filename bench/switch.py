@@ -103,7 +103,21 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
             with lock:
                 outcome.reader_errors.append(f"reader {index}: {exc}")
 
+    def sampler() -> None:
+        """What `kappa agent` does: a lag sample every second, which the switches then read
+        instead of asking the broker."""
+        from orchestrator.service import Orchestrator
+
+        agent = Orchestrator(settings)
+        try:
+            while not stop.wait(1.0):
+                agent.lag(job)
+        finally:
+            agent.close()
+
     threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(readers)]
+    threads.append(threading.Thread(target=sampler, daemon=True))
+    service.lag(job)  # the first samples, before the first switch
     for t in threads:
         t.start()
     try:

@@ -25,6 +25,17 @@ def split_range(start: int, end: int, max_chunk: int) -> list[tuple[int, int]]:
     return chunks
 
 
+# Below this a chunk's fixed cost (a Kafka fetch session, a Python worker round trip) dominates.
+MIN_CHUNK_RECORDS = 5_000
+
+
+def chunk_size(batch_records: int, cores: int, max_chunk: int) -> int:
+    """Records per read task: a batch split so that every core gets a task, never more than
+    ``max_chunk`` per task (memory), never less than ``MIN_CHUNK_RECORDS`` (overhead)."""
+    per_core = -(-max(0, batch_records) // max(1, cores))
+    return max(1, min(max_chunk, max(MIN_CHUNK_RECORDS, per_core)))
+
+
 def take_records(start: Offsets, ends: Offsets, max_records: int | None,
                  log_starts: Offsets | None = None) -> Offsets:
     """The end offsets of the next batch: all available, or at most ``max_records`` in total,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -16,7 +18,7 @@ from orchestrator import monitor
 from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import aliases as alias_rows
 from orchestrator.catalog import events, output, runs, versions
-from orchestrator.catalog.db import connect
+from orchestrator.catalog.db import connect, open_connection
 from orchestrator.catalog.migrations import migrate
 from orchestrator.determinism import replay_hazards
 from orchestrator.errors import (
@@ -51,6 +53,9 @@ from orchestrator.spark import launcher
 from orchestrator.states import RunState
 from orchestrator.switching import Switchboard
 
+if TYPE_CHECKING:
+    from orchestrator.kafka.clients import LogClients
+
 Progress = Callable[[VersionStatus], None]
 # Between recording an attempt and recording its driver's PID there is only a process spawn: a
 # run without a PID for this long lost its deploying process.
@@ -71,6 +76,12 @@ class Orchestrator:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or load_settings()
         self._migrated = False
+        self._switch_conn: psycopg.Connection | None = None
+        self._switch_lock = threading.Lock()
+        self._close_switch_conn: Callable[[], Any] = lambda: None
+        self._clients: LogClients | None = None
+        self._clients_lock = threading.Lock()
+        self._close_clients: Callable[[], Any] = lambda: None
 
     @contextmanager
     def _catalog(self) -> Iterator[psycopg.Connection]:
@@ -411,43 +422,80 @@ class Orchestrator:
                 with conn.transaction():
                     run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
                 if run.state != RunState.RETIRED:
-                    result.append(monitor.measure(conn, s, v, run, limits))
+                    with self._log_clients() as clients:
+                        result.append(monitor.measure(conn, s, v, run, limits, clients))
             return result
+
+    @contextmanager
+    def _log_clients(self) -> Iterator[LogClients]:
+        """Broker clients kept by this service across lag samples (the agent, `kappa wait`)."""
+        from orchestrator.kafka.clients import LogClients
+
+        with self._clients_lock:
+            if self._clients is None:
+                _, bootstrap = self.settings.require_services()
+                self._clients = LogClients(bootstrap)
+                self._close_clients = weakref.finalize(self, self._clients.close)
+            yield self._clients
 
     # Aliases -------------------------------------------------------------------------------
     def _switchboard(self, conn: psycopg.Connection) -> Switchboard:
         s = self.settings
 
-        def lag_of(job: str, version: str) -> int | None:
-            deployed = versions.get(conn, s.catalog_schema, job, version)
+        def measure_now(deployed: DeployedVersion) -> int | None:
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
             bounds = self._bounds(deployed)
             if bounds is None or log_mismatches(processed or deployed.log_start, bounds):
                 return None  # no lag against a log the version did not read
             return lag_against(processed or deployed.log_start, bounds)
 
-        return Switchboard(s, conn, lag_of)
+        return Switchboard(s, conn, measure_now)
+
+    @contextmanager
+    def _switching(self) -> Iterator[Switchboard]:
+        """A switchboard on this service's own catalog connection, opened once and kept: a
+        switch opens no connection on its critical path. One switch at a time per service."""
+        with self._switch_lock:
+            conn = self._switch_conn
+            if conn is None or conn.closed or conn.broken:
+                dsn, _ = self.settings.require_services()
+                conn = self._switch_conn = open_connection(dsn, autocommit=True)
+                # Closed with the service (or at exit), never left for the GC to complain about.
+                self._close_switch_conn = weakref.finalize(self, conn.close)
+                if not self._migrated:
+                    migrate(conn, self.settings.catalog_schema)
+                    self._migrated = True
+            yield self._switchboard(conn)
+
+    def close(self) -> None:
+        """Close the connection kept for switches and the broker clients kept for lag samples
+        (the service stays usable: it reopens them)."""
+        with self._switch_lock:
+            self._close_switch_conn()
+            self._switch_conn = None
+        with self._clients_lock:
+            self._close_clients()
+            self._clients = None
 
     def promote(self, job: str, version: str, alias: str | None = None, *, force: bool = False,
                 reason: str | None = None) -> dict[str, Any]:
-        with self._catalog() as conn:
-            return self._switchboard(conn).promote(job, version, alias, force=force,
-                                                   reason=reason)
+        with self._switching() as board:
+            return board.promote(job, version, alias, force=force, reason=reason)
 
     def ab(self, job: str, version: str, percent: int, alias: str | None = None, *,
            reason: str | None = None) -> dict[str, Any]:
-        with self._catalog() as conn:
-            return self._switchboard(conn).ab(job, version, percent, alias, reason=reason)
+        with self._switching() as board:
+            return board.ab(job, version, percent, alias, reason=reason)
 
     def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None
                  ) -> dict[str, Any]:
         from orchestrator.plan.cutover import abandon
 
-        with self._catalog() as conn:
-            switched = self._switchboard(conn).rollback(job, alias, reason=reason)
+        with self._switching() as board:
+            switched = board.rollback(job, alias, reason=reason)
             # A cutover still ramping this alias must not carry on over the rollback.
-            abandon(conn, self.settings.catalog_schema, validate_name(alias or job, "alias"),
-                    reason or "rolled back")
+            abandon(board.conn, self.settings.catalog_schema,
+                    validate_name(alias or job, "alias"), reason or "rolled back")
             return switched
 
     def aliases(self) -> list[AliasState]:

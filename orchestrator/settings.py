@@ -46,6 +46,11 @@ class Settings:
     spark_driver_memory: str = "1g"
     spark_executor_memory: str = "1g"
     spark_executor_cores: int = 2
+    # Cores a version may take on a standalone cluster (spark.cores.max); None: all it offers.
+    spark_cores_max: int | None = None
+    # The address executors on other hosts reach the driver at, and the one it listens on.
+    spark_driver_host: str = "127.0.0.1"
+    spark_driver_bind_address: str = "127.0.0.1"
     # Catch-up profile: cap records per micro-batch and split each partition's range into chunks
     # of at most this many records, so parallelism is not capped by the partition count.
     max_batch_records: int = 500_000
@@ -56,6 +61,9 @@ class Settings:
     heartbeat_timeout_s: float = 30.0
     # A version is caught up, and may be served, when the *measured* lag is at most this.
     max_lag_records: int = 1000
+    # A switch judges a version by its latest lag sample (agent, `kappa lag`, `kappa wait`) when
+    # it is at most this old; otherwise it asks the broker before taking any lock.
+    lag_sample_max_age_s: float = 15.0
     # Batch records kept per version in full; older ones are folded into a summary.
     batches_kept: int = 1000
     # A driver's log is rotated at this size (one older file is kept).
@@ -132,6 +140,8 @@ def _coerce(name: str, raw: Any) -> Any:
     try:
         if kind in ("int", int):
             return int(raw)
+        if kind in ("int | None", int | None):
+            return None if raw in (None, "", "None") else int(raw)
         if kind in ("float", float):
             return float(raw)
         if kind in ("Path", Path):

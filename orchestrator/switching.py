@@ -8,6 +8,9 @@ versions the alias view already has a branch for needs no DDL, so readers are ne
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -15,7 +18,7 @@ from psycopg import sql
 
 from orchestrator.aliases import views
 from orchestrator.aliases.diff import DiffReport, compare
-from orchestrator.catalog import aliases, events, runs, versions
+from orchestrator.catalog import aliases, events, lag_history, runs, versions
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import ConflictError, KappaError, StateError
 from orchestrator.models import DeployedVersion
@@ -30,14 +33,47 @@ log = logging.getLogger("kappa.switching")
 
 _SERVABLE = (RunState.CAUGHT_UP, RunState.LIVE)
 
+# Measures a version's lag against the broker now (None: it cannot be measured against the log).
+MeasureNow = Callable[[DeployedVersion], int | None]
+
+
+@dataclass(frozen=True)
+class SwitchLag:
+    """A version's lag as a switch judges and records it, and where the figure came from:
+    ``sample`` (the latest lag sample of the current run), ``broker`` (measured for this switch,
+    before any lock) or ``none`` (neither: a rollback never waits for the broker)."""
+
+    records: int | None
+    source: str
+    age_s: float | None = None
+
 
 class Switchboard:
-    def __init__(self, settings: Settings, conn: psycopg.Connection, lag_of: Any):
-        self.s, self.conn, self.lag_of = settings, conn, lag_of
+    def __init__(self, settings: Settings, conn: psycopg.Connection, measure_now: MeasureNow):
+        self.s, self.conn, self.measure_now = settings, conn, measure_now
+        self._gated: dict[str, SwitchLag] = {}
+
+    def lag_of(self, job: str, version: str, *, ask_broker: bool = True) -> SwitchLag:
+        """From the agent's (or `kappa lag`'s) latest sample when it is fresh and of the current
+        run, so that a switch costs no broker round trip; else from the broker, if allowed."""
+        deployed = versions.find(self.conn, self.s.catalog_schema, job, version)
+        if deployed is None:
+            return SwitchLag(None, "none")
+        run = runs.get(self.conn, self.s.catalog_schema, deployed.id)
+        sample = lag_history.latest_sample(
+            self.conn, self.s.catalog_schema, deployed.id, since=run.started_at,
+            max_age_s=self.s.lag_sample_max_age_s) if run.state.is_active else None
+        if sample is not None:
+            age = max(0.0, time.time() - sample.at)
+            return SwitchLag(sample.lag_records, "sample", round(age, 1))
+        if not ask_broker:
+            return SwitchLag(None, "none")
+        return SwitchLag(self.measure_now(deployed), "broker")
 
     # Switching -----------------------------------------------------------------------------
     def promote(self, job: str, version: str, alias: str | None, *, force: bool,
                 reason: str | None) -> dict[str, Any]:
+        self._gated.clear()
         target = self._version(job, version)
         problems = self._not_ready(target, alias)
         if problems and not force:
@@ -48,6 +84,7 @@ class Switchboard:
 
     def ab(self, job: str, version: str, percent: int, alias: str | None, *,
            reason: str | None) -> dict[str, Any]:
+        self._gated.clear()
         target = self._version(job, version)
         problems = self._not_ready(target, alias)
         if problems:
@@ -57,6 +94,7 @@ class Switchboard:
                             reason=reason, forced=False)
 
     def rollback(self, job: str, alias: str | None, *, reason: str | None) -> dict[str, Any]:
+        self._gated.clear()
         return self._switch(job, alias, "rollback", None, lambda r: r.rollback(), reason=reason,
                             forced=False)
 
@@ -76,7 +114,10 @@ class Switchboard:
                                 current["rollback_to"]) if v} if current else set()
         if target is not None:
             involved.add(target.version)
-        lag = {v: self.lag_of(job, v) for v in sorted(involved)}
+        # A promote or A/B step was gated on its target's lag just before: reuse that figure.
+        known = dict(self._gated)
+        lag = {v: known.get(v) or self.lag_of(job, v, ask_broker=action != "rollback")
+               for v in sorted(involved)}
         with self.conn.transaction():
             locked = aliases.lock(self.conn, schema, name)
             if locked is None:
@@ -90,15 +131,17 @@ class Switchboard:
             after: Routing = change(before)
             new_view = self._prepare_view(job, name, after, view_versions, action)
             aliases.save(self.conn, schema, after, new_view)
+            # Another switch changed the alias meanwhile: no broker round trip under the lock.
             for version in sorted((before.serves() | after.serves()) - set(lag)):
-                lag[version] = self.lag_of(job, version)
+                lag[version] = self.lag_of(job, version, ask_broker=False)
             aliases.record_switch(self.conn, schema, alias=name, job=job, actor=actor(),
                                   action=action, before=before, after=after, reason=reason,
-                                  forced=forced, lag=lag)
+                                  forced=forced, lag={v: x.records for v, x in lag.items()})
             events.record(self.conn, schema, f"alias_{action}", job=job,
                           version=target.version if target else after.primary, alias=name,
                           primary=after.primary, candidate=after.candidate,
-                          percent=after.percent, reason=reason, forced=forced)
+                          percent=after.percent, reason=reason, forced=forced,
+                          lag_from={v: x.source for v, x in lag.items()})
         return {"alias": f"{self.s.serving_schema}.{name}", "primary": after.primary,
                 "candidate": after.candidate, "percent": after.percent,
                 "rollback_to": after.rollback_to, "view_redefined": new_view is not None}
@@ -246,7 +289,9 @@ class Switchboard:
             problems.append(f"it is {run.state.value}, not caught up (`kappa wait {job} "
                             f"{v.version}`)")
         else:
-            lag = self.lag_of(job, v.version)
+            measured = self.lag_of(job, v.version)
+            self._gated[v.version] = measured
+            lag = measured.records
             if lag is None:
                 problems.append("its lag cannot be measured against the log now")
             elif lag > self.s.max_lag_records:

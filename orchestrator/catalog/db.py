@@ -11,10 +11,10 @@ from psycopg import sql
 from orchestrator.errors import ServiceUnavailableError
 
 
-@contextmanager
-def connect(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
+def open_connection(dsn: str, *, autocommit: bool = False) -> psycopg.Connection:
+    """A connection the caller closes (``connect`` closes it for you)."""
     try:
-        conn = psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10,
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10,
                                application_name="kappa")
     except psycopg.OperationalError as exc:
         # The DSN may carry a password: never echo it.
@@ -23,6 +23,11 @@ def connect(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connectio
             f"cannot connect to PostgreSQL ({first}): start it with `kappa dev up` "
             "or fix KAPPA_PG_DSN"
         ) from exc
+
+
+@contextmanager
+def connect(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
+    conn = open_connection(dsn, autocommit=autocommit)
     try:
         yield conn
     finally:

@@ -43,6 +43,22 @@ def recent_samples(conn: psycopg.Connection, schema: str, version_id: int, secon
             for at, processed, log_end, lag_s, alive in rows]
 
 
+def latest_sample(conn: psycopg.Connection, schema: str, version_id: int, *,
+                  since: datetime | None, max_age_s: float) -> LagSample | None:
+    """The newest sample taken at most ``max_age_s`` ago and not before ``since`` (the start of
+    the current run): a sample of an earlier run says nothing about this one."""
+    row = conn.execute(sql.SQL(
+        "SELECT at, processed, log_end, lag_seconds, driver_alive FROM {} "
+        "WHERE version_id = %s AND at >= now() - make_interval(secs => %s) "
+        "AND (%s::timestamptz IS NULL OR at >= %s::timestamptz) "
+        "ORDER BY at DESC LIMIT 1").format(qualified(schema, "lag_samples")),
+        (version_id, max_age_s, since, since)).fetchone()
+    if row is None:
+        return None
+    at, processed, log_end, lag_s, alive = row
+    return LagSample(at.timestamp(), processed, log_end, lag_s, alive)
+
+
 def record_state(conn: psycopg.Connection, schema: str, version: DeployedVersion,
                  state: LagState, **detail: object) -> bool:
     """Store the judged state; log an event and return True when it changed."""

@@ -37,7 +37,7 @@ from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.failures import POISON_ATTEMPTS, BatchFailure, is_outage, root_cause
 from orchestrator.spark.jobcode import load_transform, materialize
-from orchestrator.spark.session import build_session
+from orchestrator.spark.session import build_session, cluster_cores
 from orchestrator.spark.shape import JobError, shape_output
 from orchestrator.spark.source import SOURCE_NAME, KafkaLogSource, source_options
 from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, stage_writer
@@ -235,6 +235,7 @@ class Driver:
         self.attempt = attempt
         self.conn = _connect(self.dsn)
         self._next_lag_check = 0.0
+        self.cores = 1  # known once the session is up
         deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
         self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
 
@@ -253,6 +254,8 @@ class Driver:
             p for p in (str(code), os.environ.get("PYTHONPATH")) if p)
         spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}")
         spark.dataSource.register(KafkaLogSource)
+        self.cores = cluster_cores(s, spark)
+        spark.conf.set("spark.sql.shuffle.partitions", str(self.cores))
         try:
             self.transform = load_transform(self.version, code, spark)
         except JobFileError as exc:
@@ -424,7 +427,8 @@ class Driver:
                 start_offsets=self.start_offsets,
                 chunk_records=_LIVE_CHUNK if live else s.chunk_records,
                 max_batch_records=s.max_batch_records, version_id=v.id,
-                catalog_schema=s.catalog_schema, job=v.job, version=v.version)
+                catalog_schema=s.catalog_schema, job=v.job, version=v.version,
+                cores=self.cores)
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 

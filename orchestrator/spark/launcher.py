@@ -17,6 +17,7 @@ from orchestrator.logfile import open_private
 from orchestrator.models import RunRecord
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
+from orchestrator.spark import cds
 
 # What a task runner sets for its own process; a driver outlives the task, so neither its events
 # nor its environment should carry the task's identity or its connections.
@@ -53,6 +54,8 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
         started = psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         started = 0.0
+    # Once per machine (JDK, Spark): the next drivers start on the class archive.
+    cds.build_in_background()
     return DriverProcess(pid, started, log_path)
 
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any
 
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE
 from orchestrator.settings import Settings
+from orchestrator.spark.cds import driver_java_options
 from orchestrator.spark.writer import DSN_VARIABLE
 
-# Fast start of a short-lived JVM; the replay is CPU-bound in Python workers, not in the JIT.
-_DRIVER_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark's default pattern, plus the names our secrets travel under.
 _REDACT = "(?i)secret|password|token|access[.]?key|dsn"
@@ -22,13 +22,15 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
         "spark.app.name": app_name,
         "spark.master": settings.spark_master,
         "spark.driver.memory": settings.spark_driver_memory,
-        "spark.driver.extraJavaOptions": _DRIVER_JAVA_OPTS,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": driver_java_options(),
+        "spark.driver.host": settings.spark_driver_host,
+        "spark.driver.bindAddress": settings.spark_driver_bind_address,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # Tiny aggregations per micro-batch: 200 shuffle partitions cost seconds of task overhead.
-        "spark.sql.shuffle.partitions": "2",
+        # One shuffle partition per core: Spark's 200 cost seconds of task overhead per batch,
+        # a fixed 2 would leave a cluster's other cores idle. (A stateful query keeps the number
+        # its checkpoint was started with.)
+        "spark.sql.shuffle.partitions": str(planned_cores(settings)),
         "spark.sql.adaptive.enabled": "false",
         "spark.sql.streaming.stopGracefullyOnShutdown": "false",
         "spark.python.worker.reuse": "true",
@@ -51,9 +53,36 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
         conf.update({
             "spark.executor.memory": settings.spark_executor_memory,
             "spark.executor.cores": str(settings.spark_executor_cores),
-            "spark.cores.max": str(settings.spark_executor_cores),
         })
+        if settings.spark_cores_max is not None:
+            conf["spark.cores.max"] = str(settings.spark_cores_max)
     return conf
+
+
+def planned_cores(settings: Settings) -> int:
+    """The cores a version will run on, as far as is known before Spark starts: local[N], this
+    host's usable cores for local[*], else spark_cores_max or one executor's cores (the driver
+    corrects it with :func:`cluster_cores` once executors have registered)."""
+    master = settings.spark_master.strip()
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master)
+    if match:
+        n = match.group(1)
+        if n is None:
+            return 1
+        return len(os.sched_getaffinity(0)) if n == "*" else max(1, int(n))
+    return settings.spark_cores_max or settings.spark_executor_cores
+
+
+def cluster_cores(settings: Settings, spark: Any) -> int:
+    """The cores the running session has: on a cluster, the executors' cores that registered
+    (Spark's default parallelism), capped by spark_cores_max."""
+    planned = planned_cores(settings)
+    if not settings.spark_master.startswith("spark://"):
+        return planned
+    offered = int(spark.sparkContext.defaultParallelism)
+    if settings.spark_cores_max is not None:
+        offered = min(offered, settings.spark_cores_max)
+    return max(planned, offered)
 
 
 _SECRET_PREFIX = "spark.executorEnv."

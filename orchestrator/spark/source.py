@@ -25,7 +25,13 @@ from pyspark.sql.streaming.datasource import (
 
 from orchestrator.errors import LogChangedError
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, KafkaEndpoint
-from orchestrator.lag import log_changed_reason, log_mismatches, split_range, take_records
+from orchestrator.lag import (
+    chunk_size,
+    log_changed_reason,
+    log_mismatches,
+    split_range,
+    take_records,
+)
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
@@ -45,12 +51,13 @@ KAFKA_DDL = ("`kafka_topic` string, `kafka_partition` int, `kafka_offset` bigint
              "`kafka_timestamp` timestamp, `kafka_key` string, "
              "`kafka_headers` array<struct<key:string,value:binary>>")
 _ROWS_PER_ARROW_BATCH = 20_000
+FIRST_BATCH_RECORDS = 10_000
 
 
 def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    start_offsets: dict[str, dict[str, int]], chunk_records: int,
                    max_batch_records: int, version_id: int, catalog_schema: str,
-                   job: str, version: str) -> dict[str, str]:
+                   job: str, version: str, cores: int = 1) -> dict[str, str]:
     return {
         # The password is not an option: executors read it from their environment.
         "kafka": json.dumps(kafka.public_options()), "topic": source.topic, "group_id": group_id,
@@ -58,6 +65,7 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         "tombstones": source.tombstones,
         "start_offsets": json.dumps({source.topic: start_offsets.get(source.topic, {})}),
         "chunk_records": str(chunk_records), "max_batch_records": str(max_batch_records),
+        "cores": str(cores),
         "version_id": str(version_id), "catalog_schema": catalog_schema,
         "job": job, "version": version,
     }
@@ -89,9 +97,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topic = options["topic"]
         self.group_id = options["group_id"]
         self.chunk_records = int(options["chunk_records"])
+        self.cores = int(options.get("cores", "1"))
         self.max_batch_records = int(options["max_batch_records"])
         self._probe: Any = None
         self._available_now_end: dict[str, dict[str, int]] | None = None
+        self._served = False  # whether this query has offered a batch yet
 
     # Driver side -------------------------------------------------------------------------
     def _bounds(self) -> dict[tuple[str, int], tuple[int, int]]:
@@ -129,7 +139,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # The log end seen when the run started, plus partitions that appeared since.
             ends = {t: {**ps, **self._available_now_end.get(t, {})} for t, ps in ends.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return take_records(start, ends, max_rows, starts)
+        if not self._served:
+            # A small first batch: the deploy shows committed output within seconds, and the
+            # query's start-up is not paid again by a full-size batch.
+            max_rows = min(max_rows or FIRST_BATCH_RECORDS, FIRST_BATCH_RECORDS)
+        end = take_records(start, ends, max_rows, starts)
+        self._served = self._served or end != start
+        return end
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
         return self._log_ends()
@@ -137,10 +153,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
                    ) -> list[InputPartition]:
         ranges: list[InputPartition] = []
+        total = sum(stop - start.get(topic, {}).get(partition, stop)
+                    for topic, partitions in end.items() for partition, stop in partitions.items())
+        # Every core of the cluster gets a read task, whatever the number of Kafka partitions.
+        chunk = chunk_size(total, self.cores, self.chunk_records)
         for topic, partitions in end.items():
             for partition, stop in partitions.items():
                 first = start.get(topic, {}).get(partition, stop)
-                for lo, hi in split_range(first, stop, self.chunk_records):
+                for lo, hi in split_range(first, stop, chunk):
                     ranges.append(KafkaRange(topic, int(partition), lo, hi))
         return ranges
 
@@ -156,27 +176,35 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # Executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from orchestrator.kafka.reader import read_range
+        from orchestrator.spark.columnar import ColumnarParser
         from orchestrator.spark.writer import stage_read
 
         assert isinstance(partition, KafkaRange)
         schema = parse_ddl(self.options["schema"])
-        parser = EventParser(schema, json.loads(self.options["non_negative"]))
+        non_negative = json.loads(self.options["non_negative"])
+        pass_tombstones = self.options["tombstones"] == "pass"
+        parser = EventParser(schema, non_negative)
         builder = _BatchBuilder(
             pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), partition.topic,
             partition.partition, len(parser.fields),
-            pass_tombstones=self.options["tombstones"] == "pass",
+            pass_tombstones=pass_tombstones,
             version_id=int(self.options["version_id"]),
             catalog_schema=self.options["catalog_schema"],
         )
+        # Flat schemas are checked a chunk at a time; any other keeps the per-record loop.
+        columnar = ColumnarParser.for_schema(schema, parser, non_negative, pass_tombstones)
         parse = parser.parse
         add = builder.add
         found = 0
         for records in read_range(self.kafka, partition.topic, partition.partition,
                                   partition.start, partition.end, self.group_id, headers=True):
             found += len(records)
-            for offset, timestamp_ms, key, value, headers in records:  # type: ignore[misc]
-                values, error = parse(value)
-                add(offset, timestamp_ms, key, value, headers, values, error)
+            if columnar is not None:
+                builder.extend(*columnar.parse(records))  # type: ignore[arg-type]
+            else:
+                for offset, timestamp_ms, key, value, headers in records:  # type: ignore[misc]
+                    values, error = parse(value)
+                    add(offset, timestamp_ms, key, value, headers, values, error)
             if len(builder.dead) >= _ROWS_PER_ARROW_BATCH:
                 builder.flush_dead_letters()
             if builder.size >= _ROWS_PER_ARROW_BATCH:
@@ -212,7 +240,7 @@ class _BatchBuilder:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
         self.keys: list[bytes | None] = []
-        self.headers: list[list[dict[str, Any]] | None] = []
+        self.headers: list[_Headers | None] = []  # as Kafka gives them; see _kafka_arrays
         self.fields: list[list[Any]] = [[] for _ in range(self.n_fields)]
 
     @property
@@ -231,9 +259,22 @@ class _BatchBuilder:
         self.offsets.append(offset)
         self.timestamps.append(timestamp_ms)
         self.keys.append(key)
-        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+        self.headers.append(headers)
         for column, v in zip(self.fields, values, strict=True):
             column.append(v)
+
+    def extend(self, offsets: list[int], timestamps: list[int], keys: list[bytes | None],
+               headers: list[_Headers | None], fields: list[list[Any]],
+               dead: list[tuple[int, int, bytes | None, bytes | None, str | None]]) -> None:
+        """Add a chunk parsed a column at a time (ColumnarParser.parse): the rows it keeps,
+        then its dead letters, as ``add`` would have added its records one by one."""
+        self.offsets += offsets
+        self.timestamps += timestamps
+        self.keys += keys
+        self.headers += headers
+        for column, values in zip(self.fields, fields, strict=True):
+            column.extend(values)
+        self.dead += map((self.version_id, self.topic, self.partition).__add__, dead)
 
     def flush_dead_letters(self) -> None:
         from orchestrator.spark.writer import stage_dead_letters
@@ -242,17 +283,10 @@ class _BatchBuilder:
         self.dead = []
 
     def flush(self) -> pa.RecordBatch:
-        n = self.size
-        arrays = [
-            pa.array([self.topic] * n, pa.string()),
-            pa.array([self.partition] * n, pa.int32()),
-            pa.array(self.offsets, pa.int64()),
-            pa.array(self.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-            .cast(pa.timestamp("us", tz="UTC")),
-            _utf8(self.keys),
-            pa.array(self.headers, pa.list_(_HEADER)),
-        ] + [pa.array(col, self.schema.field(len(KAFKA_FIELDS) + i).type)
-             for i, col in enumerate(self.fields)]
+        arrays = _kafka_arrays(self.topic, self.partition, self.offsets, self.timestamps,
+                               self.keys, self.headers)
+        arrays += [pa.array(col, self.schema.field(len(KAFKA_FIELDS) + i).type)
+                   for i, col in enumerate(self.fields)]
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._reset()
         return batch
@@ -266,3 +300,24 @@ def _utf8(keys: list[bytes | None]) -> pa.Array:
     except pa.ArrowInvalid:
         return pa.array([k.decode("utf-8", "replace") if k is not None else None for k in keys],
                         pa.string())
+
+
+# [(name, value)] of one record, as confluent-kafka gives them
+_Headers = list[tuple[str, bytes | None]]
+
+
+def _kafka_arrays(topic: str, partition: int, offsets: list[int], timestamps: list[int],
+                  keys: list[bytes | None], headers: list[_Headers | None]) -> list[pa.Array]:
+    """The Kafka metadata columns of one batch, in KAFKA_FIELDS order."""
+    n = len(offsets)
+    if headers.count(None) != n:  # most records carry no headers: then there is nothing to do
+        headers = [h or None for h in headers]  # an empty list is no headers too: null
+    return [
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        .cast(pa.timestamp("us", tz="UTC")),
+        _utf8(keys),
+        pa.array(headers, pa.list_(_HEADER)),  # pyarrow reads each (name, value) as a struct
+    ]

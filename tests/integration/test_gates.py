@@ -1,4 +1,7 @@
-"""Honest gates: promote and A/B check the *measured* lag and a validation that is current."""
+"""Honest gates: promote and A/B check the *measured* lag and a validation that is current.
+
+The lag is the latest sample of the current run when it is fresh (as the agent keeps it), else
+the broker's answer: a switch with fresh samples needs no broker at all."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import job_file, kappa_cli
-from integration.helpers import stop_drivers
+from integration.helpers import query, stop_drivers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
@@ -40,6 +43,9 @@ def test_promote_is_refused_when_behind_or_validated_before_a_restart(
         try:
             service.produce_sample(topic, 10_000, seed=72)
             assert service.version_status(JOB, "v2").state.value == "live"
+            # What the agent does every few seconds: the fresh sample is what the gate reads.
+            (sampled,) = service.lag(JOB, "v2")
+            assert sampled.lag_records == 10_000
             for switch in (lambda: service.promote(JOB, "v2"),
                            lambda: service.ab(JOB, "v2", 10)):
                 with pytest.raises(StateError, match="it is 10000 records behind the log end"):
@@ -59,5 +65,25 @@ def test_promote_is_refused_when_behind_or_validated_before_a_restart(
         assert service.promote(JOB, "v2")["primary"] == "v2"
         (last,) = service.history(JOB)[-1:]
         assert (last["action"], last["to"]) == ("promote", "v2") and not last["forced"]
+
+        # The broker unreachable: switches judge by the fresh samples, and never wait for it.
+        offline = Orchestrator(replace(settings, kafka_bootstrap="127.0.0.1:9"))
+        stale = Orchestrator(replace(offline.settings, lag_sample_max_age_s=0))
+        service.lag(JOB)
+        assert offline.rollback(JOB, reason="broker away")["primary"] == "v1"
+        # Without a fresh sample a promote must ask the broker, and cannot.
+        with pytest.raises(StateError, match="its lag cannot be measured against the log now"):
+            stale.promote(JOB, "v2")
+        assert offline.promote(JOB, "v2")["primary"] == "v2"
+        assert stale.rollback(JOB)["primary"] == "v1"  # a rollback never needs the broker
+        lag_from = query(settings, f"SELECT kind, detail->'lag_from' FROM "
+                                   f"{settings.catalog_schema}.events "
+                                   "WHERE kind IN ('alias_promote', 'alias_rollback') "
+                                   "ORDER BY id DESC LIMIT 3")
+        assert lag_from == [("alias_rollback", {"v1": "none", "v2": "none"}),
+                            ("alias_promote", {"v1": "sample", "v2": "sample"}),
+                            ("alias_rollback", {"v1": "sample", "v2": "sample"})]
+        for each in (offline, stale):
+            each.close()
     finally:
         stop_drivers(service)

@@ -347,3 +347,31 @@ def test_unreachable_broker_raises_service_unavailable() -> None:
     with pytest.raises(ServiceUnavailableError, match="kappa dev up"):
         produce(nobody, "x", [(None, b"v")], timeout_s=1)
 
+
+
+def test_log_clients_answer_like_fresh_clients_across_calls(
+    bootstrap: str, numbered_topic: tuple[str, int]
+) -> None:
+    """The agent's kept clients: the same answers as throw-away ones, call after call, with
+    positions moving back and forth (a record fetched for one call never answers the next)."""
+    from orchestrator.kafka.clients import LogClients
+    from orchestrator.kafka.timestamps import record_timestamps
+
+    topic, n = numbered_topic
+    other = _topic()
+    ensure_topic(bootstrap, other, 2)
+    produce(bootstrap, other, [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")])
+    clients = LogClients(bootstrap)
+    try:
+        assert clients.bounds([topic]) == {(topic, 0): (0, n)}
+        consumer = None
+        for offset in (0, 2500, 1, n - 1, n, 17, 0):
+            positions = {(topic, 0): offset, **{(other, p): 0 for p in range(2)}}
+            got = clients.timestamps(positions)
+            assert got == record_timestamps(bootstrap, positions)
+            assert ((topic, 0) in got) == (offset < n)
+            consumer = consumer or clients._timestamps._consumer
+            assert clients._timestamps._consumer is consumer  # one consumer, kept
+        assert clients.bounds([topic, other])[(topic, 0)] == (0, n)
+    finally:
+        clients.close()

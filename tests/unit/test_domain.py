@@ -15,7 +15,14 @@ from orchestrator.errors import (
     StateError,
 )
 from orchestrator.jobspec import load_job_file, parse_job_source
-from orchestrator.lag import lag_records, replay_start, split_range, take_records
+from orchestrator.lag import (
+    MIN_CHUNK_RECORDS,
+    chunk_size,
+    lag_records,
+    replay_start,
+    split_range,
+    take_records,
+)
 from orchestrator.naming import dead_letter_table, output_table, validate_name
 from orchestrator.parsing import EventParser
 from orchestrator.states import ALLOWED, RunState, transition
@@ -68,6 +75,16 @@ def test_split_range_covers_exactly(start: int, length: int, chunk: int) -> None
     assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
     assert all(0 < hi - lo <= chunk for lo, hi in chunks)
     assert covered == sorted(covered)
+
+
+@given(st.integers(0, 10**8), st.integers(1, 256), st.integers(1, 10**6))
+def test_chunks_give_every_core_a_task_within_bounds(batch: int, cores: int, cap: int) -> None:
+    chunk = chunk_size(batch, cores, cap)
+    assert 1 <= chunk <= cap
+    if chunk < cap and chunk > MIN_CHUNK_RECORDS:
+        assert -(-batch // chunk) >= cores  # enough tasks for every core
+    if batch >= cores * MIN_CHUNK_RECORDS and cap >= MIN_CHUNK_RECORDS:
+        assert -(-batch // chunk) >= cores
 
 
 @given(st.dictionaries(st.sampled_from(["0", "1", "2", "3"]),

@@ -1,0 +1,50 @@
+"""The driver's class archive: used only when built for this JDK and these Spark jars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.spark import cds
+
+
+@pytest.fixture
+def archive_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(cds.DIR_VARIABLE, str(tmp_path))
+    monkeypatch.delenv(cds.DISABLE_VARIABLE, raising=False)
+    return tmp_path
+
+
+def test_drivers_use_the_archive_once_it_exists(archive_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cds.archive_path()
+    assert path is not None and path.parent == archive_dir
+    assert cds.driver_java_options() == cds.DRIVER_JAVA_OPTS
+    path.write_bytes(b"archive")
+    assert cds.driver_java_options().endswith(f"-XX:SharedArchiveFile={path}")
+    assert "-Xshare:auto" in cds.driver_java_options()  # one that does not map is ignored
+    monkeypatch.setenv(cds.DISABLE_VARIABLE, "off")
+    assert cds.driver_java_options() == cds.DRIVER_JAVA_OPTS
+
+
+def test_the_archive_name_follows_the_spark_jars(archive_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    jars = site / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "spark-core.jar").write_bytes(b"1")
+    monkeypatch.syspath_prepend(str(site))
+    before = cds.archive_path()
+    (jars / "spark-core.jar").write_bytes(b"12")  # another Spark build
+    assert cds.archive_path() != before
+
+
+def test_a_build_under_way_or_done_is_not_started_again(archive_dir: Path) -> None:
+    path = cds.archive_path()
+    assert path is not None
+    path.with_suffix(".building").write_text("")
+    assert cds.build_in_background() is False  # another process is building it
+    path.with_suffix(".building").unlink()
+    path.write_bytes(b"archive")
+    assert cds.build_in_background() is False
