@@ -11,6 +11,7 @@ a process of its own (``orchestrator.spark.cds_build``).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ from orchestrator.process import spawn_detached
 
 # Fast start of a short-lived JVM; the replay is CPU-bound in Python workers, not in the JIT.
 DRIVER_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+log = logging.getLogger("kappa.cds")
 DIR_VARIABLE = "KAPPA_CDS_DIR"
 DISABLE_VARIABLE = "KAPPA_CDS"  # "off": drivers neither use nor build an archive
 # A build that has not finished in this long died: another may start.
@@ -80,6 +82,15 @@ def driver_java_options() -> str:
 def build_in_background() -> bool:
     """Start building the archive in a detached process unless it exists or a build is under
     way; True when a build was started. Drivers started meanwhile run without it."""
+    try:
+        return _start_build()
+    except OSError as exc:  # an unwritable cache costs speed, never a deploy
+        log.warning("cannot build the driver class archive in %s (%s); drivers start without "
+                    "it: set %s to a writable directory", archive_dir(), exc, DIR_VARIABLE)
+        return False
+
+
+def _start_build() -> bool:
     path = archive_path() if enabled() else None
     if path is None or path.is_file():
         return False
