@@ -5,8 +5,9 @@
 Sets up its own embedded stack (or uses KAPPA_PG_DSN / KAPPA_KAFKA_BOOTSTRAP), deploys
 pageview_counts v1 and v2 on a fresh topic and lets them catch up (nothing more is produced, so
 both tables hold still while their drivers stay live), then runs `run_scenario`: READERS
-connections query the alias continuously (a quarter of them hold their transactions open for
-1-3 s) while SWITCHES A/B steps, promotes and rollbacks run.
+connections, in 4 processes of their own, query the alias continuously (a quarter of them hold
+their transactions open for 1-3 s), and a lag sample is taken every second as `kappa agent`
+does, while SWITCHES A/B steps, promotes and rollbacks run.
 Prints switch latency (p50, p99, max) and the longest reader statement against the median one.
 The integration test runs the same scenario with assertions.
 """
@@ -65,18 +66,20 @@ def _rows(conn: psycopg.Connection, schema: str, table: str) -> dict[str, tuple[
     return {r[0]: tuple(r[1:]) for r in rows}
 
 
-def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
-                 readers: int = 32, seed: int = 7) -> Outcome:
-    """v1 and v2 must be caught up on a topic that receives nothing more, validated, and the
-    alias `job` must serve v1 entirely."""
+# Readers run in processes of their own: in the switching process, 32 threads would make every
+# statement of a switch wait for the GIL, and the figure would be the bench's, not the switch's.
+READER_PROCESSES = 4
+
+
+def _reader_process(dsn: str, serving_schema: str, job: str, indexes: list[int], seed: int,
+                    stop: Any, results: Any, started: Any) -> None:
+    """Runs the readers ``indexes`` as threads until ``stop``; puts one partial Outcome."""
     outcome = Outcome()
     lock = threading.Lock()
-    stop = threading.Event()
-    dsn = settings.pg_dsn
-    alias = sql.SQL("{}.{}").format(sql.Identifier(settings.serving_schema), sql.Identifier(job))
+    alias = sql.SQL("{}.{}").format(sql.Identifier(serving_schema), sql.Identifier(job))
     check = sql.SQL("SELECT url, count(*) FROM {} GROUP BY url HAVING count(*) > 1").format(alias)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        tables = {v: _rows(conn, settings.data_schema, f"{job}__{v}") for v in ("v1", "v2")}
+
+    counted = dict.fromkeys(indexes, False)
 
     def reader(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
@@ -89,6 +92,10 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                         began = time.monotonic()
                         dupes = conn.execute(check).fetchall()
                         elapsed = time.monotonic() - began
+                        if not counted[index]:
+                            counted[index] = True
+                            with started.get_lock():
+                                started.value += 1
                         with lock:
                             outcome.statements += 1
                             outcome.statement_seconds.append(elapsed)
@@ -103,6 +110,29 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
             with lock:
                 outcome.reader_errors.append(f"reader {index}: {exc}")
 
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in indexes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put(outcome)
+
+
+def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
+                 readers: int = 32, seed: int = 7) -> Outcome:
+    """v1 and v2 must be caught up on a topic that receives nothing more, validated, and the
+    alias `job` must serve v1 entirely."""
+    import multiprocessing
+
+    outcome = Outcome()
+    spawn = multiprocessing.get_context("spawn")
+    stop, results, started = spawn.Event(), spawn.Queue(), spawn.Value("i", 0)
+    sampling = threading.Event()
+    dsn = settings.pg_dsn
+    alias = sql.SQL("{}.{}").format(sql.Identifier(settings.serving_schema), sql.Identifier(job))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = {v: _rows(conn, settings.data_schema, f"{job}__{v}") for v in ("v1", "v2")}
+
     def sampler() -> None:
         """What `kappa agent` does: a lag sample every second, which the switches then read
         instead of asking the broker."""
@@ -110,16 +140,25 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
 
         agent = Orchestrator(settings)
         try:
-            while not stop.wait(1.0):
+            while not sampling.wait(1.0):
                 agent.lag(job)
         finally:
             agent.close()
 
-    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(readers)]
-    threads.append(threading.Thread(target=sampler, daemon=True))
+    groups = [list(range(i, readers, READER_PROCESSES)) for i in range(READER_PROCESSES)]
+    processes = [spawn.Process(target=_reader_process, daemon=True,
+                               args=(dsn, settings.serving_schema, job, g, seed, stop, results,
+                                     started))
+                 for g in groups if g]
+    agent = threading.Thread(target=sampler, daemon=True)
     service.lag(job)  # the first samples, before the first switch
-    for t in threads:
-        t.start()
+    for p in processes:
+        p.start()
+    agent.start()
+    # The switches are measured against readers that are all running already.
+    deadline = time.monotonic() + 120
+    while started.value < readers and time.monotonic() < deadline:
+        time.sleep(0.1)
     try:
         with psycopg.connect(dsn, autocommit=True) as verify:
             for i in range(switches):
@@ -144,8 +183,16 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                     outcome.stale_after_switch.append(f"switch {i} ({action} {percent})")
     finally:
         stop.set()
-        for t in threads:
-            t.join(30)
+        sampling.set()
+        for _ in processes:
+            part = results.get(timeout=60)
+            outcome.statements += part.statements
+            outcome.statement_seconds += part.statement_seconds
+            outcome.duplicate_keys += part.duplicate_keys
+            outcome.reader_errors += part.reader_errors
+        for p in processes:
+            p.join(30)
+        agent.join(30)
     return outcome
 
 

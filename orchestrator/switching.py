@@ -53,22 +53,29 @@ class Switchboard:
         self.s, self.conn, self.measure_now = settings, conn, measure_now
         self._gated: dict[str, SwitchLag] = {}
 
-    def lag_of(self, job: str, version: str, *, ask_broker: bool = True) -> SwitchLag:
-        """From the agent's (or `kappa lag`'s) latest sample when it is fresh and of the current
-        run, so that a switch costs no broker round trip; else from the broker, if allowed."""
-        deployed = versions.find(self.conn, self.s.catalog_schema, job, version)
-        if deployed is None:
-            return SwitchLag(None, "none")
-        run = runs.get(self.conn, self.s.catalog_schema, deployed.id)
-        sample = lag_history.latest_sample(
-            self.conn, self.s.catalog_schema, deployed.id, since=run.started_at,
-            max_age_s=self.s.lag_sample_max_age_s) if run.state.is_active else None
-        if sample is not None:
-            age = max(0.0, time.time() - sample.at)
-            return SwitchLag(sample.lag_records, "sample", round(age, 1))
-        if not ask_broker:
-            return SwitchLag(None, "none")
-        return SwitchLag(self.measure_now(deployed), "broker")
+    def lags_of(self, job: str, names: set[str], *, ask_broker: bool = True
+                ) -> dict[str, SwitchLag]:
+        """From the agent's (or `kappa lag`'s) latest samples when fresh and of the current run,
+        read in one statement, so that a switch costs no broker round trip; else from the
+        broker, when allowed."""
+        wanted = sorted(names)
+        samples = lag_history.fresh_samples(
+            self.conn, self.s.catalog_schema, job, wanted,
+            active=[state.value for state in RunState if state.is_active],
+            max_age_s=self.s.lag_sample_max_age_s)
+        now = time.time()
+        lags = {}
+        for name in wanted:
+            sample = samples.get(name)
+            if sample is not None:
+                lags[name] = SwitchLag(sample.lag_records, "sample",
+                                       round(max(0.0, now - sample.at), 1))
+                continue
+            deployed = versions.find(self.conn, self.s.catalog_schema, job, name) \
+                if ask_broker else None
+            lags[name] = SwitchLag(self.measure_now(deployed), "broker") if deployed \
+                else SwitchLag(None, "none")
+        return lags
 
     # Switching -----------------------------------------------------------------------------
     def promote(self, job: str, version: str, alias: str | None, *, force: bool,
@@ -115,9 +122,8 @@ class Switchboard:
         if target is not None:
             involved.add(target.version)
         # A promote or A/B step was gated on its target's lag just before: reuse that figure.
-        known = dict(self._gated)
-        lag = {v: known.get(v) or self.lag_of(job, v, ask_broker=action != "rollback")
-               for v in sorted(involved)}
+        lag = dict(self._gated)
+        lag.update(self.lags_of(job, involved - set(lag), ask_broker=action != "rollback"))
         with self.conn.transaction():
             locked = aliases.lock(self.conn, schema, name)
             if locked is None:
@@ -132,8 +138,9 @@ class Switchboard:
             new_view = self._prepare_view(job, name, after, view_versions, action)
             aliases.save(self.conn, schema, after, new_view)
             # Another switch changed the alias meanwhile: no broker round trip under the lock.
-            for version in sorted((before.serves() | after.serves()) - set(lag)):
-                lag[version] = self.lag_of(job, version, ask_broker=False)
+            others = (before.serves() | after.serves()) - set(lag)
+            if others:
+                lag.update(self.lags_of(job, others, ask_broker=False))
             aliases.record_switch(self.conn, schema, alias=name, job=job, actor=actor(),
                                   action=action, before=before, after=after, reason=reason,
                                   forced=forced, lag={v: x.records for v, x in lag.items()})
@@ -289,7 +296,11 @@ class Switchboard:
             problems.append(f"it is {run.state.value}, not caught up (`kappa wait {job} "
                             f"{v.version}`)")
         else:
-            measured = self.lag_of(job, v.version)
+            measured = self.lags_of(job, {v.version})[v.version]
+            if measured.source == "sample" and (measured.records or 0) > self.s.max_lag_records:
+                # A sample may admit a version; only a measurement now may refuse it (it may
+                # have caught up since the sample).
+                measured = SwitchLag(self.measure_now(v), "broker")
             self._gated[v.version] = measured
             lag = measured.records
             if lag is None:

@@ -43,20 +43,25 @@ def recent_samples(conn: psycopg.Connection, schema: str, version_id: int, secon
             for at, processed, log_end, lag_s, alive in rows]
 
 
-def latest_sample(conn: psycopg.Connection, schema: str, version_id: int, *,
-                  since: datetime | None, max_age_s: float) -> LagSample | None:
-    """The newest sample taken at most ``max_age_s`` ago and not before ``since`` (the start of
-    the current run): a sample of an earlier run says nothing about this one."""
-    row = conn.execute(sql.SQL(
-        "SELECT at, processed, log_end, lag_seconds, driver_alive FROM {} "
-        "WHERE version_id = %s AND at >= now() - make_interval(secs => %s) "
-        "AND (%s::timestamptz IS NULL OR at >= %s::timestamptz) "
-        "ORDER BY at DESC LIMIT 1").format(qualified(schema, "lag_samples")),
-        (version_id, max_age_s, since, since)).fetchone()
-    if row is None:
-        return None
-    at, processed, log_end, lag_s, alive = row
-    return LagSample(at.timestamp(), processed, log_end, lag_s, alive)
+def fresh_samples(conn: psycopg.Connection, schema: str, job: str, versions: list[str], *,
+                  active: list[str], max_age_s: float) -> dict[str, LagSample]:
+    """Per version of ``versions`` whose run is in an ``active`` state: its newest sample taken
+    at most ``max_age_s`` ago and since the run started (a sample of an earlier run says nothing
+    about this one). One statement, whatever the number of versions."""
+    rows = conn.execute(sql.SQL(
+        "SELECT v.version, s.at, s.processed, s.log_end, s.lag_seconds, s.driver_alive "
+        "FROM {versions} v JOIN {runs} r ON r.version_id = v.id "
+        "CROSS JOIN LATERAL (SELECT * FROM {samples} x WHERE x.version_id = v.id "
+        "  AND x.at >= now() - make_interval(secs => %(age)s) "
+        "  AND (r.started_at IS NULL OR x.at >= r.started_at) "
+        "  ORDER BY x.at DESC LIMIT 1) s "
+        "WHERE v.job = %(job)s AND v.version = ANY(%(versions)s) "
+        "AND r.state = ANY(%(active)s)").format(
+        versions=qualified(schema, "job_versions"), runs=qualified(schema, "runs"),
+        samples=qualified(schema, "lag_samples")),
+        {"age": max_age_s, "job": job, "versions": versions, "active": active}).fetchall()
+    return {version: LagSample(at.timestamp(), processed, log_end, lag_s, alive)
+            for version, at, processed, log_end, lag_s, alive in rows}
 
 
 def record_state(conn: psycopg.Connection, schema: str, version: DeployedVersion,
