@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
@@ -53,9 +53,6 @@ from orchestrator.spark import launcher
 from orchestrator.states import RunState
 from orchestrator.switching import Switchboard
 
-if TYPE_CHECKING:
-    from orchestrator.kafka.clients import LogClients
-
 Progress = Callable[[VersionStatus], None]
 # Between recording an attempt and recording its driver's PID there is only a process spawn: a
 # run without a PID for this long lost its deploying process.
@@ -79,9 +76,6 @@ class Orchestrator:
         self._switch_conn: psycopg.Connection | None = None
         self._switch_lock = threading.Lock()
         self._close_switch_conn: Callable[[], Any] = lambda: None
-        self._clients: LogClients | None = None
-        self._clients_lock = threading.Lock()
-        self._close_clients: Callable[[], Any] = lambda: None
 
     @contextmanager
     def _catalog(self) -> Iterator[psycopg.Connection]:
@@ -422,21 +416,10 @@ class Orchestrator:
                 with conn.transaction():
                     run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
                 if run.state != RunState.RETIRED:
-                    with self._log_clients() as clients:
-                        result.append(monitor.measure(conn, s, v, run, limits, clients))
+                    # Throw-away broker clients: a consumer kept across samples crashed the
+                    # process (librdkafka) when a topic it had read was deleted and recreated.
+                    result.append(monitor.measure(conn, s, v, run, limits))
             return result
-
-    @contextmanager
-    def _log_clients(self) -> Iterator[LogClients]:
-        """Broker clients kept by this service across lag samples (the agent, `kappa wait`)."""
-        from orchestrator.kafka.clients import LogClients
-
-        with self._clients_lock:
-            if self._clients is None:
-                _, bootstrap = self.settings.require_services()
-                self._clients = LogClients(bootstrap)
-                self._close_clients = weakref.finalize(self, self._clients.close)
-            yield self._clients
 
     # Aliases -------------------------------------------------------------------------------
     def _switchboard(self, conn: psycopg.Connection) -> Switchboard:
@@ -468,14 +451,10 @@ class Orchestrator:
             yield self._switchboard(conn)
 
     def close(self) -> None:
-        """Close the connection kept for switches and the broker clients kept for lag samples
-        (the service stays usable: it reopens them)."""
+        """Close the connection kept for switches (the service stays usable: it reopens it)."""
         with self._switch_lock:
             self._close_switch_conn()
             self._switch_conn = None
-        with self._clients_lock:
-            self._close_clients()
-            self._clients = None
 
     def promote(self, job: str, version: str, alias: str | None = None, *, force: bool = False,
                 reason: str | None = None) -> dict[str, Any]:

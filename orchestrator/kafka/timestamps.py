@@ -42,9 +42,11 @@ class TimestampReader:
             })
         return self._consumer
 
-    def read(self, positions: Mapping[Position, int]) -> dict[Position, int]:
+    def read(self, positions: Mapping[Position, int], *, reuse: bool = True
+             ) -> dict[Position, int]:
         """Timestamp (ms) of the first record at or after each offset; partitions with no
-        record there (the offset is the log end) are left out."""
+        record there (the offset is the log end) are left out. ``reuse=False``: the consumer is
+        closed next, so it is not reset for another call."""
         if not positions:
             return {}
         found: dict[Position, int] = {}
@@ -74,9 +76,9 @@ class TimestampReader:
             except BaseException:
                 self.close()  # a consumer in an unknown state is not reused
                 raise
-            # The next call starts from nothing paused and nothing assigned.
-            consumer.resume(assigned)
-            consumer.unassign()
+            if reuse:  # the next call starts from nothing paused and nothing assigned
+                consumer.resume(assigned)
+                consumer.unassign()
         return found
 
 
@@ -85,6 +87,6 @@ def record_timestamps(bootstrap: Kafka, positions: Mapping[Position, int],
     """:meth:`TimestampReader.read` with a throw-away consumer."""
     reader = TimestampReader(bootstrap, timeout_s=timeout_s)
     try:
-        return reader.read(positions)
+        return reader.read(positions, reuse=False)
     finally:
         reader.close()
