@@ -1,6 +1,6 @@
 """Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
-    .venv/bin/python bench/replay.py [--events N [N ...]] [--json]
+    .venv/bin/python bench/replay.py [--events N [N ...]] [--workers W [W ...]] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
 KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample events into a new
@@ -18,6 +18,11 @@ It checks that kappa's output table equals the peer's row for row and that both 
 same number of records (raises if not), prints the rates and ratios, and with several N the
 "flat cost" figure: µs per event at the largest N over µs per event at the smallest (1.0: the
 per-event cost does not grow with the log). It asserts nothing about speed.
+
+With --workers, the smallest N is also replayed on a Spark standalone cluster on loopback, once
+per worker count W (a master and W workers of --worker-cores cores each, started for that run):
+the same rates, the same check against the peer's table, and the rate's scaling over the
+smallest W's.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -138,14 +145,17 @@ def job_file(directory: Path, topic: str, version: str) -> Path:
     return path
 
 
-def spark_up_to_caught_up(settings: Any, version: str) -> float:
+def state_times(settings: Any, version: str) -> dict[str, datetime]:
+    """When the version first entered each state (the catalog's state events)."""
     with connect(settings.pg_dsn, autocommit=True) as conn:
         rows = conn.execute(sql.SQL(
             "SELECT detail->>'to', at FROM {}.events WHERE job = %s AND version = %s "
             "AND kind = 'state' ORDER BY id").format(sql.Identifier(settings.catalog_schema)),
             (JOB, version)).fetchall()
-    at = {to: when for to, when in rows}
-    return float((at["caught_up"] - at["replaying"]).total_seconds())
+    at: dict[str, datetime] = {}
+    for to, when in rows:
+        at.setdefault(to, when)
+    return at
 
 
 def first_batch_at(settings: Any, version: str) -> datetime:
@@ -178,24 +188,86 @@ def table_difference(settings: Any, table_a: str, table_b: str) -> int:
     return int(row[0]) if row else -1
 
 
-def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str
-                 ) -> dict[str, Any]:
-    """Deploy v1 on the topic, wait until caught up, measure; the version is left running."""
+def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str,
+                 profile: Path | None = None) -> dict[str, Any]:
+    """Deploy v1 on the topic, wait until caught up, measure; the version is left running.
+    With ``profile``, CPU by process role and the Python processes' stacks are sampled from
+    deploy to caught up, and summarised under "profile"."""
     from bench.memory import peak_rss_mb
 
     deployed_at = datetime.now(UTC)
     began = time.perf_counter()
-    service.deploy(job_file(workdir, topic, version))
-    status = service.wait(JOB, version, timeout_s=1800, poll_s=0.5)
-    wall = time.perf_counter() - began
+    pid = service.deploy(job_file(workdir, topic, version)).status.pid
+    with profiled(pid, profile, version) as found:
+        status = service.wait(JOB, version, timeout_s=1800, poll_s=0.5)
+        wall = time.perf_counter() - began
     memory = peak_rss_mb(status.pid)  # read while the driver runs: the kernel's high-water mark
-    return {"wall_s": wall, "replay_s": spark_up_to_caught_up(settings, version),
+    at = state_times(settings, version)
+    return {**found, "wall_s": wall,
+            "replay_s": (at["caught_up"] - at["replaying"]).total_seconds(),
+            "session_s": (at["replaying"] - deployed_at).total_seconds(),
             "first_batch_s": (first_batch_at(settings, version) - deployed_at).total_seconds(),
             "dead_letters": status.dead_letters, "rows": status.rows, "memory": memory,
             "processed": sum(o for ps in status.processed_offsets.values() for o in ps.values())}
 
 
-def measure(settings: Any, service: Any, workdir: Path, name: str, count: int
+def cluster_replay(settings: Any, workdir: Path, topic: str, version: str, workers: int,
+                   cores: int, peer_table: str, produced: int, invalid: int) -> dict[str, Any]:
+    """kappa's replay of ``topic`` on a fresh standalone cluster of ``workers`` workers,
+    checked against the peer's table."""
+    from dataclasses import replace
+
+    from orchestrator.dev.spark_cluster import standalone_cluster
+    from orchestrator.naming import output_table
+    from orchestrator.service import Orchestrator
+
+    with standalone_cluster(workdir / f"cluster-{version}", workers=workers, cores=cores,
+                            memory="1200m") as master:
+        on_cluster = replace(settings, spark_master=master, spark_executor_cores=cores,
+                             spark_executor_memory="1g")
+        service = Orchestrator(on_cluster)
+        try:
+            ours = kappa_replay(on_cluster, service, workdir, topic, version)
+            differing = table_difference(settings, output_table(JOB, version), peer_table)
+        finally:
+            service.stop(JOB, version)
+            service.close()
+    if differing or ours["dead_letters"] != invalid:
+        raise RuntimeError(f"kappa on {workers} workers and the peer disagree on {topic}: "
+                           f"{differing} rows differ, dead letters {ours['dead_letters']} "
+                           f"against the peer's {invalid}")
+    return {"workers": workers, "cores_per_worker": cores,
+            "kappa_records_per_s_with_start": round(produced / ours["wall_s"]),
+            "kappa_records_per_s_without_start": round(produced / ours["replay_s"]),
+            "deploy_to_caught_up_s": round(ours["wall_s"], 2),
+            "spark_up_to_caught_up_s": round(ours["replay_s"], 2),
+            "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
+            "tables_equal": True}
+
+
+@contextmanager
+def profiled(pid: int | None, directory: Path | None, version: str
+             ) -> Iterator[dict[str, Any]]:
+    """Yields a dict that holds, after the block, {"profile": ...} when ``directory`` is set."""
+    found: dict[str, Any] = {}
+    if directory is None or pid is None:
+        yield found
+        return
+    from bench.profile import CpuByRole, hot_functions, sampled_stacks
+
+    directory.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    with CpuByRole(pid) as cpu, sampled_stacks(pid, directory / f"{version}.txt") as stacks:
+        yield found
+    window = time.perf_counter() - began
+    found["profile"] = {"window_s": round(window, 1),
+                        "cpu_capacity_s": round(window * len(os.sched_getaffinity(0)), 1),
+                        "cpu_s_by_role": cpu.seconds(), "python": hot_functions(stacks),
+                        "stacks_file": str(stacks)}
+
+
+def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
+            workers: list[int], worker_cores: int, profile: Path | None = None
             ) -> dict[str, Any]:
     """Every figure for one topic of ``count`` events; ``name`` is unique per run."""
     from bench import peer
@@ -208,7 +280,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int
     raw_all, readers = raw_read_rate_all_cores(bootstrap, topic, produced)
     peer_table = f"peer_{name}"
     theirs = peer.replay(bootstrap, topic, settings.pg_dsn, settings.data_schema, peer_table)
-    ours = kappa_replay(settings, service, workdir, topic, version)
+    ours = kappa_replay(settings, service, workdir, topic, version, profile)
     try:
         differing = table_difference(settings, output_table(JOB, version), peer_table)
     finally:
@@ -220,6 +292,13 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int
             f"kappa processed offsets up to {ours['processed']} in all and dead-lettered "
             f"{ours['dead_letters']}")
     wall, replay_s = ours["wall_s"], ours["replay_s"]
+    clusters = [cluster_replay(settings, workdir, topic, f"{version}w{w}", w, worker_cores,
+                               peer_table, produced, theirs["invalid"]) for w in workers]
+    if clusters:
+        base = clusters[0]["kappa_records_per_s_without_start"]
+        for run in clusters:
+            run["rate_without_start_over_first"] = round(
+                run["kappa_records_per_s_without_start"] / base, 4)
     return {
         "events": produced,
         "raw_read_1_process_records_per_s": round(raw_one),
@@ -234,6 +313,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int
         "deploy_to_caught_up_s": round(wall, 2),
         "spark_up_to_caught_up_s": round(replay_s, 2),
         "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
+        "deploy_to_spark_session_up_s": round(ours["session_s"], 2),
         "driver_peak_rss_python_mb": ours["memory"]["python_mb"],
         "driver_peak_rss_jvm_mb": ours["memory"]["jvm_mb"],
         "driver_peak_rss_total_mb": ours["memory"]["total_mb"],
@@ -245,6 +325,8 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int
         "dead_letters": ours["dead_letters"],
         "tables_equal": True,  # checked above
         "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
+        **({"standalone_cluster": clusters} if clusters else {}),
+        **({"profile": ours["profile"]} if "profile" in ours else {}),
     }
 
 
@@ -263,6 +345,17 @@ def show(results: dict[str, Any]) -> None:
     for run in results["runs"]:
         print(f"--- {run['events']:,} events")
         for key, value in run.items():
+            if key == "profile":
+                show_profile(value)
+                continue
+            if key == "standalone_cluster":
+                for c in value:
+                    print(f"  standalone cluster, {c['workers']} worker(s) of "
+                          f"{c['cores_per_worker']} core(s):")
+                    for k, v in c.items():
+                        if k not in ("workers", "cores_per_worker"):
+                            print(f"    {k:40} {v!s:>14}")
+                continue
             print(f"{key:44} {value:>14,}" if isinstance(value, int) and
                   not isinstance(value, bool) else f"{key:44} {value!s:>14}")
     if results["flat_cost_us_per_event_largest_over_smallest"] is not None:
@@ -270,17 +363,40 @@ def show(results: dict[str, Any]) -> None:
               f"{results['flat_cost_us_per_event_largest_over_smallest']:>14}")
 
 
+def show_profile(profile: dict[str, Any]) -> None:
+    print(f"  profile, deploy to caught up: {profile['window_s']} s, "
+          f"{profile['cpu_capacity_s']} CPU-s available")
+    for who, seconds in profile["cpu_s_by_role"].items():
+        print(f"    {who:40} {seconds:>8} CPU-s")
+    python = profile["python"]
+    print(f"  Python stacks ({python['samples']:,} samples, {profile['stacks_file']}):")
+    for kind in ("self", "inclusive"):
+        print(f"    by {kind} time:")
+        for fn, share in python[kind]:
+            print(f"      {share:>6.1%}  {fn}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[1_000_000])
     parser.add_argument("--count", type=int, nargs="+", dest="events", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, nargs="*", default=[],
+                        help="also replay the smallest N on a standalone cluster of W workers")
+    parser.add_argument("--worker-cores", type=int, default=1)
+    parser.add_argument("--profile", type=Path,
+                        help="profile kappa's replay at the largest N (needs py-spy); stacks "
+                             "are written to this directory")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path
     from bench.stack import bench_stack
 
     with bench_stack("replay") as (settings, service, workdir, tag):
-        runs = [measure(settings, service, workdir, f"{tag}_{i}", n)
+        smallest = min(args.events)
+        largest = max(args.events)
+        runs = [measure(settings, service, workdir, f"{tag}_{i}", n,
+                        args.workers if n == smallest else [], args.worker_cores,
+                        args.profile if n == largest else None)
                 for i, n in enumerate(args.events)]
     results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:

@@ -1,8 +1,10 @@
-"""Starting processes that outlive the command that started them (drivers, dev services)."""
+"""Starting processes that outlive the command that started them (drivers, dev services), and
+stopping child processes politely."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -28,3 +30,14 @@ def spawn_detached(argv: Sequence[str], env: Mapping[str, str], log_path: Path) 
         ],
         setsid=True,
     )
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``grace_s``; reaps it either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -37,6 +37,7 @@ from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.failures import POISON_ATTEMPTS, BatchFailure, is_outage, root_cause
 from orchestrator.spark.jobcode import load_transform, materialize
+from orchestrator.spark.pyspark_path import WORKER_SITE
 from orchestrator.spark.session import build_session, cluster_cores
 from orchestrator.spark.shape import JobError, shape_output
 from orchestrator.spark.source import SOURCE_NAME, KafkaLogSource, source_options
@@ -251,7 +252,7 @@ class Driver:
         s = self.settings
         code = materialize(self.version)
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(code), os.environ.get("PYTHONPATH")) if p)
+            p for p in (str(code), WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
         spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}")
         spark.dataSource.register(KafkaLogSource)
         self.cores = cluster_cores(s, spark)

@@ -34,6 +34,8 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
         "spark.sql.adaptive.enabled": "false",
         "spark.sql.streaming.stopGracefullyOnShutdown": "false",
         "spark.python.worker.reuse": "true",
+        # Workers import pyspark compiled, not from the source zip (see that module).
+        "spark.python.daemon.module": "orchestrator.spark.daemon",
         # Stream jobs keep their state in the version's own checkpoint, in RocksDB, with
         # changelog checkpointing: a batch writes what changed, not the whole state.
         "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.process import stop_process
+
 from conftest import wait_until
 
 
@@ -25,16 +27,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextmanager

@@ -2,58 +2,27 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pyspark
 import pytest
 
-from conftest import job_file, wait_until
+from conftest import job_file
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output
-from integration.observability import free_port as _free_port
-from integration.observability import stop_process
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_NO_DAEMONIZE="1")
-    with open(log, "wb") as out:
-        return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
 def spark_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    logs = tmp_path_factory.mktemp("spark-cluster")
-    port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    master = _spark_class(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                           "--port", str(port), "--webui-port", str(_free_port())],
-                          logs / "master.log")
-    worker = None
-    try:
-        wait_until(lambda: "Starting Spark master" in (logs / "master.log").read_text()
-                   and "I have been elected leader" in (logs / "master.log").read_text(),
-                   90, "the Spark master")
-        # 2 cores and 1.5 GiB: one executor of 1 GiB per driver, beside the other services.
-        worker = _spark_class(["org.apache.spark.deploy.worker.Worker", url, "--host",
-                               "127.0.0.1", "--cores", "2", "--memory", "1536m",
-                               "--webui-port", str(_free_port()),
-                               "--work-dir", str(logs / "work")], logs / "worker.log")
-        wait_until(lambda: "Successfully registered with master"
-                   in (logs / "worker.log").read_text(), 90, "the Spark worker to register")
+    from orchestrator.dev.spark_cluster import standalone_cluster
+
+    # 2 cores and 1.5 GiB: one executor of 1 GiB per driver, beside the other services.
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=1, cores=2,
+                            memory="1536m") as url:
         yield url
-    finally:
-        for proc in (worker, master):
-            if proc is not None:
-                stop_process(proc)
 
 
 def test_replay_on_a_standalone_cluster_is_exact(service, settings, spark_master: str, topic,

@@ -1,0 +1,87 @@
+"""A Spark standalone cluster on loopback: one master and N workers, for tests and benchmarks
+that must run on a real cluster rather than in local mode. Spark's own launch scripts come from
+the installed pyspark, located without importing it (the orchestrator never imports pyspark)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from orchestrator.errors import KappaError
+from orchestrator.process import stop_process
+
+START_TIMEOUT_S = 90.0
+
+
+def spark_home() -> Path:
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise KappaError("pyspark is not installed: run 'bash scripts/setup.sh'")
+    return Path(spec.origin).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    home = spark_home()
+    env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_NO_DAEMONIZE="1")
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _await_log(log: Path, needles: tuple[str, ...], proc: subprocess.Popen[bytes],
+               what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if all(n in text for n in needles):
+            return
+        if proc.poll() is not None:
+            raise KappaError(f"{what} exited with {proc.returncode}: see {log}")
+        if time.monotonic() > deadline:
+            raise KappaError(f"{what} did not start within {START_TIMEOUT_S:.0f} s: "
+                                    f"see {log}")
+        time.sleep(0.2)
+
+
+@contextmanager
+def standalone_cluster(directory: Path, workers: int = 1, cores: int = 2,
+                       memory: str = "1536m") -> Iterator[str]:
+    """Starts a master and ``workers`` workers of ``cores`` cores and ``memory`` each, waits
+    until every worker has registered, and yields the master's spark:// URL; stops them all
+    on exit. Logs are in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        master_log = directory / "master.log"
+        started.append(_spark_class(["org.apache.spark.deploy.master.Master", "--host",
+                                     "127.0.0.1", "--port", str(port),
+                                     "--webui-port", str(_free_port())], master_log))
+        _await_log(master_log, ("I have been elected leader",), started[0], "the Spark master")
+        for n in range(workers):
+            log = directory / f"worker-{n}.log"
+            started.append(_spark_class(
+                ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                 "--cores", str(cores), "--memory", memory,
+                 "--webui-port", str(_free_port()), "--work-dir", str(directory / f"work-{n}")],
+                log))
+            _await_log(log, ("Successfully registered with master",), started[-1],
+                       f"Spark worker {n}")
+        yield url
+    finally:
+        for proc in reversed(started):
+            stop_process(proc)

@@ -1,0 +1,33 @@
+"""Imported at start-up by every Python process that a driver's JVM starts on its host (the
+driver puts this directory on their PYTHONPATH): pyspark from its compiled package (see
+orchestrator.spark.pyspark_path), then any sitecustomize that this one hides."""
+
+import importlib
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _chain() -> None:
+    try:
+        from orchestrator.spark.pyspark_path import use_installed_pyspark
+
+        use_installed_pyspark()
+    except Exception:  # a start-up hook must never stop the worker
+        pass
+    shadowed = [p for p in sys.path if os.path.abspath(p or ".") == _HERE]
+    for entry in shadowed:
+        sys.path.remove(entry)
+    # The import system looks this module up in sys.modules once it has run: it goes back.
+    ours = sys.modules.pop("sitecustomize")
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:0] = shadowed
+        sys.modules["sitecustomize"] = ours
+
+
+_chain()
