@@ -29,6 +29,8 @@ def role(process: psutil.Process, driver_pid: int) -> str:
         return "gone"
     if process.pid == driver_pid:
         return "driver (Python)"
+    if name == "py-spy":
+        return "profiler (py-spy)"
     if driver_pid in ancestors:
         if name == "java":
             return "driver JVM"
@@ -52,20 +54,25 @@ class CpuByRole:
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
         self.roles: dict[int, str] = {}
+        self.names: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        for process in psutil.process_iter():
+        for process in psutil.process_iter(["name"]):
             try:
                 times = process.cpu_times()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             used = times.user + times.system
-            if process.pid not in self.roles:
-                self.roles[process.pid] = role(process, self.driver_pid)
+            if process.pid not in self.first:
                 # A process born during the window counts from zero.
                 self.first[process.pid] = 0.0 if self._started else used
+            name = process.info["name"]
+            if self.names.get(process.pid) != name:
+                # Again when the name changes: spark-class's shell becomes the driver's JVM.
+                self.names[process.pid] = name
+                self.roles[process.pid] = role(process, self.driver_pid)
             self.last[process.pid] = used
 
     def _run(self) -> None:

@@ -38,6 +38,8 @@ class Outcome:
     reader_errors: list[str] = field(default_factory=list)
     duplicate_keys: int = 0
     stale_after_switch: list[str] = field(default_factory=list)
+    # Per switch: time its thread and its PostgreSQL backend spent runnable but not running.
+    runqueue_seconds: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         sw = sorted(self.switch_seconds)
@@ -48,12 +50,26 @@ class Outcome:
             "switch_p99_ms": round(1000 * sw[max(0, int(len(sw) * 0.99) - 1)], 2),
             "switch_max_ms": round(1000 * sw[-1], 2),
             "reader_statements": self.statements,
-            "reader_statement_p50_ms": round(1000 * statistics.median(st), 2),
-            "longest_reader_statement_ms": round(1000 * st[-1], 2),
+            # None with --readers 0: the switch's own cost, nothing competing with it.
+            "reader_statement_p50_ms": round(1000 * statistics.median(st), 2) if st else None,
+            "longest_reader_statement_ms": round(1000 * st[-1], 2) if st else None,
+            "switch_runqueue_wait_p50_ms": round(1000 * statistics.median(self.runqueue_seconds),
+                                                 2) if self.runqueue_seconds else None,
+            "switch_time_share_waiting_for_a_cpu": round(
+                sum(self.runqueue_seconds) / sum(sw), 3) if self.runqueue_seconds else None,
             "reader_errors": len(self.reader_errors),
             "duplicate_keys_seen": self.duplicate_keys,
             "stale_reads_after_switch": len(self.stale_after_switch),
         }
+
+
+def runqueue_wait_s(*schedstats: str) -> float:
+    """Seconds these threads have waited on a run queue (Linux schedstat's second field)."""
+    total = 0
+    for path in schedstats:
+        with open(path) as f:
+            total += int(f.read().split()[1])
+    return total / 1e9
 
 
 def bucket(key: str) -> int:
@@ -159,10 +175,14 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
     deadline = time.monotonic() + 120
     while started.value < readers and time.monotonic() < deadline:
         time.sleep(0.1)
+    with service._switching() as board:  # the kept connection, opened before the first switch
+        backend = board.conn.info.backend_pid
+    waits = ("/proc/thread-self/schedstat", f"/proc/{backend}/schedstat")
     try:
         with psycopg.connect(dsn, autocommit=True) as verify:
             for i in range(switches):
                 action, percent = CYCLE[i % len(CYCLE)]
+                waited = runqueue_wait_s(*waits)
                 began = time.monotonic()
                 if action == "ab":
                     service.ab(job, "v2", percent, reason=f"bench step {i}")
@@ -171,6 +191,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                 else:
                     service.rollback(job, reason=f"bench step {i}")
                 outcome.switch_seconds.append(time.monotonic() - began)
+                outcome.runqueue_seconds.append(runqueue_wait_s(*waits) - waited)
                 # A statement that starts after the switch returned sees the new routing.
                 served = {r[0]: tuple(r[1:]) for r in verify.execute(sql.SQL(
                     "SELECT url, views, total_duration_ms FROM {}").format(alias)).fetchall()}
