@@ -10,6 +10,8 @@ executors on other hosts import exactly the same code.
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -21,6 +23,7 @@ from orchestrator.errors import JobFileError
 from orchestrator.models import DeployedVersion
 
 ENTRY_MODULE = "job"
+CODE_PREFIX = "kappa-code-"
 
 
 def package_name(version: DeployedVersion) -> str:
@@ -35,7 +38,10 @@ def materialize(version: DeployedVersion) -> Path:
     transformWithStateInPandas) inherit it from the JVM, which inherits it from us.
     """
     package = package_name(version)
-    root = Path(tempfile.mkdtemp(prefix="kappa-code-"))
+    remove_orphaned_code()
+    # The driver's PID in the name: a driver that was killed cannot remove its copy, the next
+    # one does (remove_orphaned_code).
+    root = Path(tempfile.mkdtemp(prefix=f"{CODE_PREFIX}{os.getpid()}-"))
     target = root / package
     target.mkdir()
     spec = version.spec
@@ -50,6 +56,27 @@ def materialize(version: DeployedVersion) -> Path:
         if directory.name != "__pycache__" and not (directory / "__init__.py").exists():
             (directory / "__init__.py").write_bytes(b"")
     return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_orphaned_code(directory: Path | None = None) -> int:
+    """Remove the code copies of drivers that no longer run; return how many."""
+    removed = 0
+    for path in Path(directory or tempfile.gettempdir()).glob(f"{CODE_PREFIX}*-*"):
+        pid = path.name[len(CODE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def load_transform(version: DeployedVersion, root: Path, spark: Any | None = None
