@@ -30,18 +30,23 @@ def _is_source_zip(entry: str) -> bool:
 
 
 def use_installed_pyspark() -> bool:
-    """Takes Spark's source zips off sys.path when pyspark and py4j import without them."""
-    kept = [entry for entry in sys.path if not _is_source_zip(entry)]
-    if len(kept) == len(sys.path) or "pyspark" in sys.modules:
+    """Takes Spark's source zips off sys.path when they are the installed pyspark's own, so
+    that pyspark and py4j import from the package, compiled. Zips of another Spark (a
+    SPARK_HOME of a different version than the pip package) are left where they are."""
+    zips = [entry for entry in sys.path if _is_source_zip(entry)]
+    if not zips or "pyspark" in sys.modules:
         return False
     original = sys.path[:]
-    sys.path[:] = kept
-    if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("py4j") is None:
+    sys.path[:] = [entry for entry in sys.path if entry not in zips]
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None or importlib.util.find_spec("py4j") is None or any(
+            os.path.dirname(os.path.abspath(z)) != os.path.join(
+                os.path.dirname(spec.origin), "python", "lib") for z in zips):
         sys.path[:] = original
         return False
     # A zip's importer re-reads its whole directory on every importlib.invalidate_caches(),
     # which pyspark's worker calls for each task: they go too.
-    for entry in set(original) - set(kept):
+    for entry in zips:
         sys.path_importer_cache.pop(entry, None)
     # Processes that this one forks or starts inherit the same choice.
     os.environ["PYTHONPATH"] = os.pathsep.join(

@@ -49,3 +49,16 @@ def test_the_worker_site_imports_the_compiled_package_and_chains(tmp_path: Path)
     # Children inherit the choice; the user's entries stay, in their order.
     assert found["path"] == os.pathsep.join([WORKER_SITE, str(other)])
     assert found["other"] == "ran"
+
+
+def test_zips_of_another_spark_stay_first(tmp_path: Path) -> None:
+    # A SPARK_HOME of another version than the pip package: its zips must keep precedence,
+    # or the workers would speak another pyspark than the JVM.
+    other = tmp_path / "spark-other" / "python" / "lib"
+    other.mkdir(parents=True)
+    for zipped in spark_zips():
+        (other / Path(zipped).name).write_bytes(Path(zipped).read_bytes())
+    copies = sorted(str(p) for p in other.glob("*.zip"))
+    found = probe([*copies, WORKER_SITE])
+    assert found["pyspark"].startswith(str(other))
+    assert found["path"] == os.pathsep.join([*copies, WORKER_SITE])

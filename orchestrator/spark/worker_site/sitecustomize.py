@@ -16,9 +16,8 @@ def _chain() -> None:
         use_installed_pyspark()
     except Exception:  # a start-up hook must never stop the worker
         pass
-    shadowed = [p for p in sys.path if os.path.abspath(p or ".") == _HERE]
-    for entry in shadowed:
-        sys.path.remove(entry)
+    path = sys.path[:]
+    sys.path[:] = [p for p in path if os.path.abspath(p or ".") != _HERE]
     # The import system looks this module up in sys.modules once it has run: it goes back.
     ours = sys.modules.pop("sitecustomize")
     try:
@@ -26,7 +25,7 @@ def _chain() -> None:
     except ImportError:
         pass
     finally:
-        sys.path[:0] = shadowed
+        sys.path[:] = path
         sys.modules["sitecustomize"] = ours
 
 
