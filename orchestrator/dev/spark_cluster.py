@@ -4,32 +4,26 @@ the installed pyspark, located without importing it (the orchestrator never impo
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestrator.dev.stack import free_port
 from orchestrator.errors import KappaError
 from orchestrator.process import stop_process
+from orchestrator.spark.pyspark_path import pyspark_home
 
 START_TIMEOUT_S = 90.0
 
 
 def spark_home() -> Path:
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
+    home = pyspark_home()
+    if home is None:
         raise KappaError("pyspark is not installed: run 'bash scripts/setup.sh'")
-    return Path(spec.origin).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return Path(home)
 
 
 def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -51,8 +45,7 @@ def _await_log(log: Path, needles: tuple[str, ...], proc: subprocess.Popen[bytes
         if proc.poll() is not None:
             raise KappaError(f"{what} exited with {proc.returncode}: see {log}")
         if time.monotonic() > deadline:
-            raise KappaError(f"{what} did not start within {START_TIMEOUT_S:.0f} s: "
-                                    f"see {log}")
+            raise KappaError(f"{what} did not start within {START_TIMEOUT_S:.0f} s: see {log}")
         time.sleep(0.2)
 
 
@@ -63,21 +56,21 @@ def standalone_cluster(directory: Path, workers: int = 1, cores: int = 2,
     until every worker has registered, and yields the master's spark:// URL; stops them all
     on exit. Logs are in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     started: list[subprocess.Popen[bytes]] = []
     try:
         master_log = directory / "master.log"
         started.append(_spark_class(["org.apache.spark.deploy.master.Master", "--host",
                                      "127.0.0.1", "--port", str(port),
-                                     "--webui-port", str(_free_port())], master_log))
+                                     "--webui-port", str(free_port())], master_log))
         _await_log(master_log, ("I have been elected leader",), started[0], "the Spark master")
         for n in range(workers):
             log = directory / f"worker-{n}.log"
             started.append(_spark_class(
                 ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
                  "--cores", str(cores), "--memory", memory,
-                 "--webui-port", str(_free_port()), "--work-dir", str(directory / f"work-{n}")],
+                 "--webui-port", str(free_port()), "--work-dir", str(directory / f"work-{n}")],
                 log))
             _await_log(log, ("Successfully registered with master",), started[-1],
                        f"Spark worker {n}")

@@ -282,6 +282,11 @@ def _pick_port(preferred: Any) -> int:
             with suppress(OSError):
                 sock.bind((BROKER_HOST, preferred))
                 return preferred
+    return free_port()
+
+
+def free_port() -> int:
+    """A port on loopback that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind((BROKER_HOST, 0))
         port: int = sock.getsockname()[1]

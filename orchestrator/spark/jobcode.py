@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator.errors import JobFileError
 from orchestrator.models import DeployedVersion
+from orchestrator.spark.launcher import is_alive
 
 ENTRY_MODULE = "job"
 CODE_PREFIX = "kappa-code-"
@@ -58,22 +59,12 @@ def materialize(version: DeployedVersion) -> Path:
     return root
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_orphaned_code(directory: Path | None = None) -> int:
     """Remove the code copies of drivers that no longer run; return how many."""
     removed = 0
     for path in Path(directory or tempfile.gettempdir()).glob(f"{CODE_PREFIX}*-*"):
         pid = path.name[len(CODE_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and path.is_dir():
+        if pid.isdigit() and not is_alive(int(pid), None) and path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
             removed += 1
     return removed

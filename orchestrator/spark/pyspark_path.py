@@ -24,6 +24,13 @@ _SOURCE_ZIPS = ("pyspark.zip", "py4j-")
 WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
 
 
+def pyspark_home() -> str | None:
+    """The directory of the pyspark that imports here (Spark's home for a pip install), found
+    without importing it."""
+    spec = importlib.util.find_spec("pyspark")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
 def _is_source_zip(entry: str) -> bool:
     name = os.path.basename(entry)
     return name.endswith(".zip") and name.startswith(_SOURCE_ZIPS)
@@ -38,10 +45,10 @@ def use_installed_pyspark() -> bool:
         return False
     original = sys.path[:]
     sys.path[:] = [entry for entry in sys.path if entry not in zips]
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None or importlib.util.find_spec("py4j") is None or any(
-            os.path.dirname(os.path.abspath(z)) != os.path.join(
-                os.path.dirname(spec.origin), "python", "lib") for z in zips):
+    home = pyspark_home()
+    if home is None or importlib.util.find_spec("py4j") is None or any(
+            os.path.dirname(os.path.abspath(z)) != os.path.join(home, "python", "lib")
+            for z in zips):
         sys.path[:] = original
         return False
     # A zip's importer re-reads its whole directory on every importlib.invalidate_caches(),
