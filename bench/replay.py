@@ -386,12 +386,15 @@ def main() -> int:
     parser.add_argument("--profile", type=Path,
                         help="profile kappa's replay at the largest N (needs py-spy); stacks "
                              "are written to this directory")
+    parser.add_argument("--durable", action="store_true",
+                        help="the embedded broker keeps its log in its durable store (the "
+                             "default of `kappa dev up`), not in memory")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path
     from bench.stack import bench_stack
 
-    with bench_stack("replay") as (settings, service, workdir, tag):
+    with bench_stack("replay", durable=args.durable) as (settings, service, workdir, tag):
         smallest = min(args.events)
         largest = max(args.events)
         runs = [measure(settings, service, workdir, f"{tag}_{i}", n,

@@ -21,15 +21,17 @@ from orchestrator.settings import load_settings
 
 
 @contextmanager
-def bench_stack(name: str, serving: bool = False) -> Iterator[tuple[Any, Orchestrator, Path, str]]:
-    """Yields (settings, service, work directory, tag)."""
+def bench_stack(name: str, serving: bool = False, *, durable: bool = False
+                ) -> Iterator[tuple[Any, Orchestrator, Path, str]]:
+    """Yields (settings, service, work directory, tag). The embedded broker keeps its log in
+    memory unless ``durable``: what a benchmark measures is not the log's storage."""
     workdir = Path(tempfile.mkdtemp(prefix=f"kappa-bench-{name}-"))
     settings = load_settings({"state_dir": str(workdir / "state")}, cwd=workdir)
     own_stack = not (settings.pg_dsn and settings.kafka_bootstrap)
     if own_stack:
         from orchestrator.dev import stack
 
-        up = stack.up(settings.state_dir)
+        up = stack.up(settings.state_dir, memory=not durable)
         settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
     tag = uuid.uuid4().hex[:8]
     settings = replace(settings, catalog_schema=f"kappa_bench_{tag}",

@@ -1,7 +1,8 @@
 """Roll a job's alias back to the version it served before: one button, recorded in the alias
 history with this run's id.
 
-Trigger with a conf, e.g. {"job": "pageview_counts"} (optionally "alias" and "reason").
+Trigger with a conf, e.g. {"job": "pageview_counts"} (optionally "alias", "reason", and
+"force": true to go back to a version that is stopped or failed, recorded as forced).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ with DAG(
         "job": Param(type="string"),
         "alias": Param(None, type=["null", "string"], description="default: the job name"),
         "reason": Param(None, type=["null", "string"]),
+        "force": Param(False, type="boolean",
+                       description="roll back even to a version that is stopped or failed"),
     },
 ) as dag:
     request = check_conf("rollback", PROJECT_DIR)
     KappaRollbackOperator(task_id="rollback", job=request["job"], alias=request["alias"],
-                          reason=request["reason"])
+                          reason=request["reason"], force=request["force"])

@@ -97,15 +97,19 @@ class LogMismatch:
     processed: int  # the next offset the version would read
     log_start: int
     log_end: int
+    replaced: bool = False  # the topic's id says it is another log, whatever its offsets
 
     @property
     def recreated(self) -> bool:
-        """The log ends below the position: the topic was deleted and created again (or its
-        partition moved to a broker that lost it)."""
-        return self.log_end < self.processed
+        """The log ends below the position, or is another log: the topic was deleted and
+        created again (or its partition moved to a broker that lost it)."""
+        return self.replaced or self.log_end < self.processed
 
     def describe(self) -> str:
         where = f"{self.topic}/{self.partition}"
+        if self.replaced:
+            return (f"{where} is another log now (the topic was deleted and recreated); the "
+                    f"version had processed up to {self.processed} of the old one")
         if self.recreated:
             return (f"{where} ends at offset {self.log_end} but the version processed up to "
                     f"{self.processed} (the topic was deleted and recreated)")
@@ -161,6 +165,7 @@ class LagState(StrEnum):
     STALLED = "stalled"
     FALLING_BEHIND = "falling_behind"
     STOPPED = "stopped"
+    LOG_GONE = "log_gone"  # the log it read is gone: no figures against the one there now
 
 
 @dataclass(frozen=True)

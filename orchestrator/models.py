@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from orchestrator.log_identity import LogIdentity
 from orchestrator.states import RunState
 
 # Offsets as Kafka tools show them: {"<topic>": {"<partition>": next offset to read}}
@@ -99,6 +100,8 @@ class VersionStatus:
     log_path: str | None
     started_at: datetime | None
     log_tail: tuple[str, ...] = ()
+    # The log it read is gone: its processed offsets describe that log, not the one there now.
+    log_gone: bool = False
 
     def caught_up(self, max_lag: int = 0) -> bool:
         """Replayed to the log end, give or take ``max_lag`` records."""
@@ -124,6 +127,7 @@ class VersionStatus:
             "log_path": self.log_path,
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "log_tail": list(self.log_tail),
+            "log_gone": self.log_gone,
         }
 
 
@@ -137,6 +141,7 @@ class DeployedVersion:
     consumer_group: str
     log_start: Offsets
     created_at: datetime
+    log_identity: LogIdentity | None = None  # None: deployed before it was recorded
 
     @property
     def job(self) -> str:
@@ -204,8 +209,8 @@ class VersionLag:
     version: str
     state: str  # a LagState value
     run_state: RunState
-    lag_records: int
-    lag_seconds: float
+    lag_records: int | None  # None: the log it read is gone (state log_gone)
+    lag_seconds: float | None
     processing_rate: float  # records/s over the evaluation window
     produce_rate: float
     eta_seconds: float | None  # None: not converging

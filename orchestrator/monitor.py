@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
-from orchestrator.catalog import lag_history, runs
+from orchestrator.catalog import events, lag_history, runs, versions
 from orchestrator.catalog.db import qualified
+from orchestrator.errors import KappaError
 from orchestrator.lag import (
     LagSample,
     LagState,
@@ -21,6 +22,7 @@ from orchestrator.lag import (
     rates,
     window,
 )
+from orchestrator.log_identity import LogChange, LogIdentity, changes, log_gone_reason
 from orchestrator.models import DeployedVersion, Offsets, PartitionLag, RunRecord, VersionLag
 from orchestrator.settings import Settings
 from orchestrator.spark import launcher
@@ -30,16 +32,62 @@ if TYPE_CHECKING:
     from orchestrator.kafka.clients import LogClients
 
 
+def current_identity(settings: Settings, topics: list[str]) -> LogIdentity | None:
+    """The log's identity now, or None when the broker cannot tell (unreachable): only an
+    answer is evidence that a log is gone."""
+    from orchestrator.kafka.admin import log_identity
+
+    _, bootstrap = settings.require_services()
+    try:
+        return log_identity(bootstrap, topics)
+    except KappaError:
+        return None
+
+
+def log_gone(version: DeployedVersion, identity: LogIdentity | None) -> list[LogChange]:
+    """How the log now differs from the one the version read (empty: the same log, or no way
+    to tell)."""
+    if identity is None or version.log_identity is None:
+        return []
+    return changes(version.log_identity, identity, list(version.spec.topics))
+
+
+def fail_on_log_gone(conn: psycopg.Connection, schema: str, version: DeployedVersion,
+                     run: RunRecord, gone: list[LogChange]) -> RunRecord:
+    """The version becomes failed with the reason (a failed one gets the reason: a restart
+    would not help it). Its driver sees the state at its next heartbeat and exits."""
+    reason = log_gone_reason(gone, version.job, version.version)
+    if run.state in (RunState.REGISTERED, RunState.RETIRED) or run.reason == reason:
+        return run
+    with conn.transaction():
+        if run.state == RunState.FAILED:
+            runs.note_reason(conn, schema, version.id, run.attempt, reason)
+            events.record(conn, schema, "log_gone", job=version.job, version=version.version,
+                          reason=reason)
+            return runs.get(conn, schema, version.id)
+        updated = runs.change_state(conn, schema, version, RunState.FAILED, reason=reason,
+                                    expect_attempt=run.attempt)
+    return updated or run
+
+
 def fail_on_log_change(conn: psycopg.Connection, schema: str, version: DeployedVersion,
                        run: RunRecord, processed: Offsets,
-                       bounds: dict[tuple[str, int], tuple[int, int]]) -> RunRecord:
-    """A version whose position is no longer in the log (the topic was recreated, retention ran
-    past what it read) becomes failed, with a reason that says what to run. A failed run keeps
-    the reason it has."""
+                       bounds: dict[tuple[str, int], tuple[int, int]],
+                       identity: LogIdentity | None = None) -> RunRecord:
+    """A version whose log is gone (another cluster, a topic recreated: ``identity`` tells),
+    or whose position is no longer in the log (retention ran past what it read), becomes
+    failed, with a reason that says what to run. A version deployed before log identities were
+    recorded adopts the current one while its position fits the log."""
+    gone = log_gone(version, identity)
+    if gone:
+        return fail_on_log_gone(conn, schema, version, run, gone)
     if run.state in (RunState.REGISTERED, RunState.FAILED, RunState.RETIRED):
         return run
     mismatches = log_mismatches(processed or version.log_start, bounds)
     if not mismatches:
+        if version.log_identity is None and identity is not None:
+            with conn.transaction():
+                versions.set_log_identity(conn, schema, version, identity)
         return run
     with conn.transaction():
         updated = runs.change_state(conn, schema, version, RunState.FAILED,
@@ -60,8 +108,20 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, version.id)
     topics = list(version.spec.topics)
+    identity = current_identity(settings, topics)
+    gone = log_gone(version, identity)
+    if gone:
+        # No figures against a log the version never read.
+        run = fail_on_log_gone(conn, schema, version, run, gone)
+        with conn.transaction():
+            lag_history.record_state(conn, schema, version, LagState.LOG_GONE, lag_records=None,
+                                     lag_seconds=None)
+        return VersionLag(job=version.job, version=version.version,
+                          state=LagState.LOG_GONE.value, run_state=run.state, lag_records=None,
+                          lag_seconds=None, processing_rate=0.0, produce_rate=0.0,
+                          eta_seconds=None, partitions=())
     bounds = clients.bounds(topics) if clients else log_bounds(bootstrap, topics)
-    run = fail_on_log_change(conn, schema, version, run, processed, bounds)
+    run = fail_on_log_change(conn, schema, version, run, processed, bounds, identity)
     now = time.time()
     position = {
         key: max(start, processed.get(key[0], {}).get(str(key[1]),

@@ -38,6 +38,7 @@ from orchestrator.lag import (
     log_mismatches,
     replay_start,
 )
+from orchestrator.log_identity import log_gone_reason
 from orchestrator.models import (
     AliasState,
     DeployedVersion,
@@ -89,7 +90,7 @@ class Orchestrator:
 
     # Deploying -----------------------------------------------------------------------------
     def deploy(self, job_file: str | Path, *, allow_gap: bool = False) -> DeployResult:
-        from orchestrator.kafka.admin import check_access, topic_partitions
+        from orchestrator.kafka.admin import check_access, log_identity, topic_partitions
         from orchestrator.kafka.offsets import log_bounds
 
         spec = load_job_file(job_file)
@@ -107,6 +108,9 @@ class Orchestrator:
                 return DeployResult(False, self._status_of(conn, existing), hazards)
             for topic in spec.topics:
                 topic_partitions(bootstrap, topic)  # a clear error for a missing topic
+            # Before the bounds: a topic recreated in between fails the version, never blesses
+            # a log it did not read.
+            identity = log_identity(bootstrap, list(spec.topics))
             bounds = log_bounds(bootstrap, list(spec.topics))
             log_start, gone = replay_start(bounds, allow_gap=allow_gap)
             out, dlq = output_table(spec.name, spec.version), dead_letter_table(spec.name,
@@ -116,12 +120,14 @@ class Orchestrator:
                 version = versions.insert(
                     conn, s.catalog_schema, spec, output_table=out, dead_letter_table=dlq,
                     checkpoint_dir=checkpoint,
-                    consumer_group=consumer_group(spec.name, spec.version), log_start=log_start)
+                    consumer_group=consumer_group(spec.name, spec.version), log_start=log_start,
+                    log_identity=identity)
                 output.create_tables(conn, s.data_schema, spec, out, dlq)
                 runs.create(conn, s.catalog_schema, version.id)
                 events.record(conn, s.catalog_schema, "deploy", job=spec.name,
                               version=spec.version, fingerprint=spec.fingerprint,
                               file=str(spec.path), log_start=log_start, allow_gap=allow_gap,
+                              log_identity=identity.to_json(),
                               gap_offsets=gone, files=[p for p, _ in spec.files],
                               replay_hazards=list(hazards))
             self._start(conn, version)
@@ -209,15 +215,35 @@ class Orchestrator:
                 with conn.transaction():
                     run = runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
                                             reason="replaced by `kappa restart`") or run
+            identity = monitor.current_identity(s, list(deployed.spec.topics))
+            gone = monitor.log_gone(deployed, identity)
+            if gone and not allow_gap:
+                monitor.fail_on_log_gone(conn, s.catalog_schema, deployed, run, gone)
+                raise LogChangedError(log_gone_reason(gone, job, version))
             bounds = self._bounds(deployed)
             mismatches = [] if bounds is None else log_mismatches(
                 processed or deployed.log_start, bounds)
+            if gone:
+                # The whole of each changed topic (every topic on another cluster) is a new log.
+                changed = {c.topic for c in gone} if all(c.topic for c in gone) \
+                    else set(deployed.spec.topics)
+                mismatches = [LogMismatch(t, p, (processed or deployed.log_start).get(t, {})
+                                          .get(str(p), first), first, end, replaced=True)
+                              for (t, p), (first, end) in sorted((bounds or {}).items())
+                              if t in changed]
+                if any(c.kind == "gone" for c in gone) or bounds is None:
+                    raise NotFoundError(f"{log_gone_reason(gone, job, version)}; a topic the "
+                                        "version reads is missing, so it cannot go on")
             if mismatches and not allow_gap:
                 fail_on_log_change(conn, s.catalog_schema, deployed, run, processed,
                                    bounds or {})
                 raise LogChangedError(log_changed_reason(mismatches, job, version))
             if mismatches:
                 self._skip_gap(conn, deployed, mismatches)
+            if gone and identity is not None:
+                with conn.transaction():
+                    deployed = versions.set_log_identity(conn, s.catalog_schema, deployed,
+                                                         identity)
             if quarantine:
                 if deployed.spec.mode != "batch":
                     raise StateError(
@@ -313,10 +339,15 @@ class Orchestrator:
         was stopped or (with ``check_stall``) has stalled. Pollers (``wait``, the Airflow
         trigger) call this until ``status.caught_up(max_lag)``."""
         st = self.version_status(job, version)
-        if st.state in (RunState.FAILED, RunState.STOPPED, RunState.RETIRED):
-            raise KappaError(f"{job} {version} is {st.state.value}"
-                             f"{': ' + st.reason if st.reason else ''}; see `kappa status "
-                             f"{job}` and the log {st.log_path}")
+        if st.state == RunState.RETIRED:
+            raise StateError(f"{job} {version} is retired: deploy a new version instead")
+        if st.log_gone:  # the reason says what to run; a restart would not help
+            raise StateError(f"{job} {version} is {st.state.value}: {st.reason}")
+        if st.state in (RunState.FAILED, RunState.STOPPED):
+            why = f" ({st.reason})" if st.reason else ""
+            log = f"; its driver's log: {st.log_path}" if st.state == RunState.FAILED else ""
+            raise StateError(f"{job} {version} is {st.state.value}{why}: run `kappa restart "
+                             f"{job} {version}` to resume it{log}")
         if st.caught_up(max_lag) or st.state == RunState.STARTING or not check_stall:
             return st
         window = (limits or Thresholds()).window_s
@@ -340,10 +371,15 @@ class Orchestrator:
             else:
                 rows = output.estimate_rows(conn, s.data_schema, v.output_table)
                 dead = dead_letter_total(conn, s.catalog_schema, v.id)
-        bounds = self._bounds(v)
+        identity = monitor.current_identity(s, list(v.spec.topics))
+        gone = monitor.log_gone(v, identity)
+        bounds = None if gone else self._bounds(v)
         lag = None
-        if bounds is not None:
-            run = fail_on_log_change(conn, s.catalog_schema, v, run, processed, bounds)
+        if gone:
+            # No lag against a log the version never read.
+            run = monitor.fail_on_log_gone(conn, s.catalog_schema, v, run, gone)
+        elif bounds is not None:
+            run = fail_on_log_change(conn, s.catalog_schema, v, run, processed, bounds, identity)
             lag = lag_against(processed or v.log_start, bounds)
         age = None
         if run.heartbeat_at is not None and run.state.is_active:
@@ -357,6 +393,7 @@ class Orchestrator:
             lag_records=lag, heartbeat_age_s=age, reason=run.reason, attempt=run.attempt,
             log_path=run.log_path, started_at=run.started_at,
             log_tail=launcher.log_tail(run.log_path) if run.state == RunState.FAILED else (),
+            log_gone=bool(gone),
         )
 
     def _check_liveness(self, conn: psycopg.Connection, v: DeployedVersion, run: RunRecord
@@ -427,6 +464,9 @@ class Orchestrator:
 
         def measure_now(deployed: DeployedVersion) -> int | None:
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
+            if monitor.log_gone(deployed, monitor.current_identity(
+                    s, list(deployed.spec.topics))):
+                return None
             bounds = self._bounds(deployed)
             if bounds is None or log_mismatches(processed or deployed.log_start, bounds):
                 return None  # no lag against a log the version did not read
@@ -466,12 +506,14 @@ class Orchestrator:
         with self._switching() as board:
             return board.ab(job, version, percent, alias, reason=reason)
 
-    def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None
-                 ) -> dict[str, Any]:
+    def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None,
+                 force: bool = False) -> dict[str, Any]:
+        """Back to what the alias served before; refused when that version is stopped or
+        failed, unless ``force`` (with a ``reason``, recorded)."""
         from orchestrator.plan.cutover import abandon
 
         with self._switching() as board:
-            switched = board.rollback(job, alias, reason=reason)
+            switched = board.rollback(job, alias, reason=reason, force=force)
             # A cutover still ramping this alias must not carry on over the rollback.
             abandon(board.conn, self.settings.catalog_schema,
                     validate_name(alias or job, "alias"), reason or "rolled back")

@@ -100,10 +100,35 @@ class Switchboard:
         return self._switch(job, alias, "ab", target, lambda r: r.ab(version, percent),
                             reason=reason, forced=False)
 
-    def rollback(self, job: str, alias: str | None, *, reason: str | None) -> dict[str, Any]:
+    def rollback(self, job: str, alias: str | None, *, reason: str | None,
+                 force: bool = False) -> dict[str, Any]:
         self._gated.clear()
+        problem = self._rollback_problem(job, validate_name(alias or job, "alias"))
+        if problem and not force:
+            raise StateError(f"refusing to roll back: {problem}; or override with --force "
+                             "--reason TEXT")
         return self._switch(job, alias, "rollback", None, lambda r: r.rollback(), reason=reason,
-                            forced=False)
+                            forced=bool(problem and force))
+
+    def _rollback_problem(self, job: str, name: str) -> str | None:
+        """Why the version a rollback would serve must not be served now: its driver does not
+        run, so its output stopped where it stopped (or describes a log that is gone)."""
+        current = aliases.find(self.conn, self.s.catalog_schema, name)
+        if current is None:
+            return None  # _switch says the alias does not exist
+        routing = Routing(name, current["primary"], current["candidate"],
+                          current["percent"] or 0, current["rollback_to"])
+        target = routing.rollback().primary
+        deployed = versions.find(self.conn, self.s.catalog_schema, job, target or "")
+        if deployed is None:
+            return None
+        state = self._run_state(deployed)
+        if state not in (RunState.STOPPED, RunState.FAILED):
+            return None
+        return (f"alias {self.s.serving_schema}.{name} would go back to {job} {target}, which is "
+                f"{state.value}: readers would get output that no longer follows the log. "
+                f"`kappa restart {job} {target}` resumes it (then `kappa wait {job} {target}` "
+                "and roll back)")
 
     def _switch(self, job: str, alias: str | None, action: str,
                 target: DeployedVersion | None, change: Any, *, reason: str | None,
@@ -292,7 +317,11 @@ class Switchboard:
         schema, job = self.s.catalog_schema, v.job
         problems = []
         run = runs.get(self.conn, schema, v.id)
-        if run.state not in _SERVABLE:
+        if run.state in (RunState.STOPPED, RunState.FAILED):
+            problems.append(f"it is {run.state.value}, so its output no longer follows the log "
+                            f"(`kappa restart {job} {v.version}` resumes it; `kappa status "
+                            f"{job}` says why)")
+        elif run.state not in _SERVABLE:
             problems.append(f"it is {run.state.value}, not caught up (`kappa wait {job} "
                             f"{v.version}`)")
         else:

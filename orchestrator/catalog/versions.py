@@ -13,27 +13,36 @@ from psycopg.types.json import Jsonb
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import ConflictError, NotFoundError
 from orchestrator.jobspec import spec_from_catalog, spec_to_json
+from orchestrator.log_identity import LogIdentity
 from orchestrator.models import DeployedVersion, JobSpec, Offsets
 
 _COLUMNS = (
     "id, job, version, fingerprint, source, file_path, spec, output_table, dead_letter_table, "
     "checkpoint_dir, consumer_group, log_start, created_at"
 )
+# The version and the log it reads (kept apart: job_versions is immutable).
+_SELECT = ("SELECT " + ", ".join(f"v.{c.strip()}" for c in _COLUMNS.split(","))
+           + ", l.identity FROM {} v LEFT JOIN {} l ON l.version_id = v.id ")
+
+
+def _select(schema: str, where: str) -> sql.Composed:
+    return sql.SQL(_SELECT + where).format(qualified(schema, "job_versions"),
+                                           qualified(schema, "version_logs"))
 
 
 def _from_row(row: tuple[Any, ...]) -> DeployedVersion:
-    (vid, _job, _version, fp, source, path, spec, out, dlq, ckpt, group, log_start, created) = row
+    (vid, _job, _version, fp, source, path, spec, out, dlq, ckpt, group, log_start, created,
+     identity) = row
     return DeployedVersion(
         id=vid, spec=spec_from_catalog(spec, source, fp, path), output_table=out,
         dead_letter_table=dlq, checkpoint_dir=ckpt, consumer_group=group,
-        log_start=log_start, created_at=created,
+        log_start=log_start, created_at=created, log_identity=LogIdentity.from_json(identity),
     )
 
 
 def find(conn: psycopg.Connection, schema: str, job: str, version: str) -> DeployedVersion | None:
-    row = conn.execute(
-        sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE job = %s AND version = %s")
-        .format(qualified(schema, "job_versions")), (job, version)).fetchone()
+    row = conn.execute(_select(schema, "WHERE v.job = %s AND v.version = %s"),
+                       (job, version)).fetchone()
     return _from_row(row) if row else None
 
 
@@ -57,9 +66,8 @@ def job_exists(conn: psycopg.Connection, schema: str, job: str) -> bool:
 def list_all(conn: psycopg.Connection, schema: str, job: str | None = None
              ) -> list[DeployedVersion]:
     rows = conn.execute(
-        sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE (%(job)s::text IS NULL OR job = %(job)s) "
-                "ORDER BY job, id").format(qualified(schema, "job_versions")), {"job": job},
-    ).fetchall()
+        _select(schema, "WHERE (%(job)s::text IS NULL OR v.job = %(job)s) ORDER BY v.job, v.id"),
+        {"job": job}).fetchall()
     return [_from_row(r) for r in rows]
 
 
@@ -74,7 +82,7 @@ def check_same_code(existing: DeployedVersion, spec: JobSpec) -> None:
 
 def insert(conn: psycopg.Connection, schema: str, spec: JobSpec, *, output_table: str,
            dead_letter_table: str, checkpoint_dir: str, consumer_group: str,
-           log_start: Offsets) -> DeployedVersion:
+           log_start: Offsets, log_identity: LogIdentity | None) -> DeployedVersion:
     conn.execute(sql.SQL("INSERT INTO {} (name) VALUES (%s) ON CONFLICT DO NOTHING")
                  .format(qualified(schema, "jobs")), (spec.name,))
     row = conn.execute(
@@ -88,7 +96,9 @@ def insert(conn: psycopg.Connection, schema: str, spec: JobSpec, *, output_table
          consumer_group, Jsonb(log_start)),
     ).fetchone()
     assert row is not None
-    version = _from_row(row)
+    version = _from_row((*row, None))
+    if log_identity is not None:
+        version = set_log_identity(conn, schema, version, log_identity)
     with conn.cursor() as cur:
         cur.executemany(
             sql.SQL("INSERT INTO {} (version_id, path, content, sha256) VALUES (%s, %s, %s, %s)")
@@ -108,3 +118,12 @@ def with_code(conn: psycopg.Connection, schema: str, version: DeployedVersion
         return version
     files = tuple((str(path), bytes(content)) for path, content in rows)
     return replace(version, spec=replace(version.spec, files=files))
+
+
+def set_log_identity(conn: psycopg.Connection, schema: str, version: DeployedVersion,
+                     identity: LogIdentity) -> DeployedVersion:
+    conn.execute(sql.SQL("INSERT INTO {} (version_id, identity) VALUES (%s, %s) "
+                         "ON CONFLICT (version_id) DO UPDATE SET identity = EXCLUDED.identity, "
+                         "recorded_at = now()").format(qualified(schema, "version_logs")),
+                 (version.id, Jsonb(identity.to_json())))
+    return replace(version, log_identity=identity)

@@ -32,7 +32,7 @@ def run_alias_command(service: Any, args: argparse.Namespace) -> int:
     elif cmd == "ab":
         result = service.ab(args.job, args.version, args.percent, args.alias, reason=args.reason)
     elif cmd == "rollback":
-        result = service.rollback(args.job, args.alias, reason=args.reason)
+        result = service.rollback(args.job, args.alias, reason=args.reason, force=args.force)
     else:
         result = service.retire(args.job, args.version, drop=args.drop)
     if args.json:

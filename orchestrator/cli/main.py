@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
 
     rb = _command(sub, "rollback", "back to what the alias served before this cutover", "job",
                   alias=True)
+    rb.add_argument("--force", action="store_true",
+                    help="roll back even to a version that is stopped or failed (needs --reason)")
     rb.add_argument("--reason")
 
     co = _command(sub, "cutover", "validate, ramp with soaks and checks, promote", "job",
@@ -125,7 +127,10 @@ def _parser() -> argparse.ArgumentParser:
                     "0.1 %% of profile changes)")
 
     dev = _command(sub, "dev", "the embedded PostgreSQL and Kafka-protocol broker")
-    dev.add_argument("action", choices=["up", "down", "status", "env"])
+    dev.add_argument("action", choices=["up", "down", "status", "env", "reset"])
+    dev.add_argument("--memory", action="store_true",
+                     help="up: keep the log in the broker's memory (fast; lost when it stops)")
+    dev.add_argument("--yes", action="store_true", help="reset: do not ask for confirmation")
 
     demo = _command(sub, "demo", "the whole story on the embedded default")
     demo.add_argument("--count", type=int, default=200_000)
@@ -146,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "dev":
         from orchestrator.cli.dev import run_dev
 
-        return run_dev(settings, args.action, args.json)
+        return run_dev(settings, args.action, args.json, memory=args.memory, yes=args.yes)
     if cmd == "demo":
         from orchestrator.cli.demo import run_demo
 
@@ -200,8 +205,11 @@ def run(args: argparse.Namespace) -> int:
                 from exc
         plan = service.cutover(args.job, args.version, ramp=ramp, soak_seconds=args.soak,
                                alias=args.alias, say=None if args.json else print)
-        print_json(plan) if args.json else print(
-            f"cutover plan {plan['plan']} succeeded: {plan['alias']} serves {plan['version']}")
+        if args.json:
+            print_json(plan)
+        elif plan["status"] != "already_serving":  # the plan said so already
+            print(f"cutover plan {plan['plan']} succeeded: {plan['alias']} serves "
+                  f"{plan['version']}")
         return 0
     if cmd in ("promote", "ab", "rollback", "history", "diff", "retire"):
         from orchestrator.cli.aliases import run_alias_command

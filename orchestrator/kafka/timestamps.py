@@ -38,7 +38,9 @@ class TimestampReader:
                 # One record per partition is all we need.
                 "fetch.max.bytes": 65536, "max.partition.fetch.bytes": 65536,
                 "message.max.bytes": 65536,
-                "queued.min.messages": 1, "fetch.wait.max.ms": 5, "fetch.queue.backoff.ms": 1,
+                # Every position asked about holds a record; below 100 ms Tansu's durable storage
+                # answers with none (see kafka/reader.py).
+                "queued.min.messages": 1, "fetch.wait.max.ms": 100, "fetch.queue.backoff.ms": 1,
             })
         return self._consumer
 

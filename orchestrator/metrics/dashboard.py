@@ -56,6 +56,7 @@ _STATE_COLORS = {
     LagState.STALLED: "red",
     LagState.FALLING_BEHIND: "orange",
     LagState.STOPPED: "text",
+    LagState.LOG_GONE: "purple",
 }
 _ALIAS_SWITCHES = 'changes(kappa_alias_switches_total{job=~"$job"}[1m]) > 0'
 
@@ -150,7 +151,7 @@ def _panels() -> list[cogbuilder.Builder[dm.Panel]]:
         _query("A", _per_version("kappa_lag_seconds"), BY_VERSION))
     state = (statetimeline_b.Panel().id(3).title("Lag state")
              .description("Each version's lag state (kappa_state): catching_up, caught_up, "
-                          "stalled, falling_behind or stopped.")
+                          "stalled, falling_behind, stopped or log_gone.")
              .datasource(DS).span(16).height(8)
              .with_target(_query("A", _state_expr(), BY_VERSION))
              .mappings(_state_mappings()).show_value(common.VisibilityMode.AUTO)

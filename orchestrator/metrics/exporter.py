@@ -120,7 +120,7 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
                 family.add_metric([lag.job, lag.version, p.topic, str(p.partition)],
                                   float(getattr(p, attr)))
         yield family
-    per_version: dict[str, tuple[str, Callable[[VersionLag], float]]] = {
+    per_version: dict[str, tuple[str, Callable[[VersionLag], float | None]]] = {
         "lag_records": ("Records behind the log end, all partitions", lambda v: v.lag_records),
         "lag_seconds": ("Age of the oldest unprocessed record, 0 when caught up",
                         lambda v: v.lag_seconds),
@@ -134,7 +134,11 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
     for name, (doc, value) in per_version.items():
         family = _gauge(name, doc, VERSION_LABELS)
         for lag in lags:
-            family.add_metric([lag.job, lag.version], float(value(lag)))
+            figure = value(lag)
+            # A version whose log is gone has no figures against the log there now: only its
+            # state (log_gone) is exported.
+            if lag.lag_records is not None and figure is not None:
+                family.add_metric([lag.job, lag.version], float(figure))
         yield family
     state = _gauge("state", "1 for the version's current lag state, 0 for the others",
                    (*VERSION_LABELS, "state"))

@@ -45,7 +45,13 @@ class Cutover:
         self.failed_with: str | None = None  # a resumed plan whose check had failed
 
     def run(self, ramp: list[int], soak_seconds: float) -> dict[str, Any]:
-        stages, start = self._plan(build(ramp, soak_seconds))
+        planned = self._plan(build(ramp, soak_seconds))
+        if planned is None:
+            self.say(f"alias {self.alias} already serves {self.version} entirely: nothing to "
+                     "cut over")
+            return {"plan": None, "job": self.job, "version": self.version,
+                    "alias": self.alias, "status": "already_serving", "steps": []}
+        stages, start = planned
         if self.failed_with is not None:
             # A check failed, but rolling back did not finish (the catalog was unreachable):
             # finish it rather than resume the ramp.
@@ -167,12 +173,16 @@ class Cutover:
             info = aliases.find(conn, self.schema, self.alias)
         touched = info is not None and self.version in (info["primary"], info["candidate"])
         if touched:
-            self.service.rollback(self.job, self.alias, reason=reason)
+            # Forced: back to what served before the cutover is the safe side even when that
+            # version stopped (the history records it as forced).
+            self.service.rollback(self.job, self.alias, reason=reason, force=True)
             self.say(f"rolled back: {reason}")
         self._advance(None, "rolled_back", reason)
 
     # Plan bookkeeping ----------------------------------------------------------------------
-    def _plan(self, stages: list[Stage]) -> tuple[list[Stage], int]:
+    def _plan(self, stages: list[Stage]) -> tuple[list[Stage], int] | None:
+        """The running plan of this alias to resume, or a new one; None when there is nothing
+        to cut over (the alias serves the version entirely, and no plan runs)."""
         table = qualified(self.schema, "cutover_plans")
         with self.service._catalog() as conn, conn.transaction():
             row = conn.execute(sql.SQL(
@@ -188,6 +198,9 @@ class Cutover:
                 self.plan_id = plan_id
                 self.say(f"resuming cutover plan {plan_id} at step {next_step + 1}")
                 return from_json(steps), int(next_step)
+            info = aliases.find(conn, self.schema, self.alias)
+            if info is not None and info["primary"] == self.version and not info["candidate"]:
+                return None
             created = conn.execute(sql.SQL(
                 "INSERT INTO {} (job, alias, version, steps) VALUES (%s, %s, %s, %s) "
                 "RETURNING id").format(table),

@@ -352,6 +352,14 @@ class Driver:
             for topic, partitions in processed.items():
                 start.setdefault(topic, {}).update(partitions)
             checkpoint.start(next_id, start)
+        from orchestrator.kafka.admin import log_identity
+        from orchestrator.log_identity import changes, log_gone_reason
+
+        if v.log_identity is not None:
+            gone = changes(v.log_identity, log_identity(self.kafka, list(v.spec.topics)),
+                           list(v.spec.topics))
+            if gone:
+                raise JobError(log_gone_reason(gone, v.job, v.version))
         bounds = log_bounds(self.kafka, list(v.spec.topics))
         mismatches = log_mismatches(processed or start, bounds)
         if mismatches:
@@ -429,7 +437,7 @@ class Driver:
                 chunk_records=_LIVE_CHUNK if live else s.chunk_records,
                 max_batch_records=s.max_batch_records, version_id=v.id,
                 catalog_schema=s.catalog_schema, job=v.job, version=v.version,
-                cores=self.cores)
+                cores=self.cores, log_identity=v.log_identity)
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 

@@ -32,6 +32,7 @@ from orchestrator.lag import (
     split_range,
     take_records,
 )
+from orchestrator.log_identity import LogIdentity, changes, log_gone_reason
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
@@ -57,7 +58,10 @@ FIRST_BATCH_RECORDS = 10_000
 def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    start_offsets: dict[str, dict[str, int]], chunk_records: int,
                    max_batch_records: int, version_id: int, catalog_schema: str,
-                   job: str, version: str, cores: int = 1) -> dict[str, str]:
+                   job: str, version: str, cores: int = 1,
+                   log_identity: LogIdentity | None = None) -> dict[str, str]:
+    read = None if log_identity is None else LogIdentity(
+        log_identity.cluster_id, {source.topic: log_identity.topics.get(source.topic)})
     return {
         # The password is not an option: executors read it from their environment.
         "kafka": json.dumps(kafka.public_options()), "topic": source.topic, "group_id": group_id,
@@ -68,6 +72,9 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         "cores": str(cores),
         "version_id": str(version_id), "catalog_schema": catalog_schema,
         "job": job, "version": version,
+        # Which log the version read: checked before every batch, so that no batch of another
+        # log (a topic recreated, a volatile broker restarted) is ever committed as this one.
+        "log_identity": json.dumps(read.to_json() if read else None),
     }
 
 
@@ -127,8 +134,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_batch_records)
 
+    def _check_log(self) -> None:
+        from orchestrator.kafka.admin import log_identity
+
+        recorded = LogIdentity.from_json(json.loads(self.options.get("log_identity") or "null"))
+        if recorded is None:
+            return
+        gone = changes(recorded, log_identity(self.kafka, [self.topic]), [self.topic])
+        if gone:
+            raise LogChangedError(log_gone_reason(gone, self.options["job"],
+                                                  self.options["version"]))
+
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit
                      ) -> dict[str, dict[str, int]]:
+        self._check_log()
         bounds = self._bounds()
         starts, ends = _offsets(bounds, 0), _offsets(bounds, 1)
         mismatches = log_mismatches(start, bounds)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+from conftest import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("s3")]
 
 
 def _kappa(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,10 +46,73 @@ def test_demo_tells_the_story_on_the_embedded_default() -> None:
         states = {v["version"]: v["state"] for v in report["versions"]}
         assert states["v1"] == "retired" and states["v2"] == "live"
         assert report["top_urls"]["v1"] and report["top_urls"]["v2"]
-        down = _kappa(cwd, "dev", "down")
-        assert down.returncode == 0, down.stderr
-        assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story
-        assert _kappa(cwd, "dev", "status", "--json").stdout.count('"running": false') == 3
+        # The alias serves v2 already: a cutover says so and changes nothing.
+        switches = len(json.loads(_kappa(cwd, "history", "pageview_counts", "--json").stdout))
+        cutover = _kappa(cwd, "cutover", "pageview_counts", "v2", "--soak", "0")
+        assert cutover.returncode == 0, cutover.stdout + cutover.stderr
+        assert "already serves v2 entirely" in cutover.stdout
+        assert "roll" not in (cutover.stdout + cutover.stderr).lower()
+        history = json.loads(_kappa(cwd, "history", "pageview_counts", "--json").stdout)
+        assert len(history) == switches
+
+        before = _durable_cycle(cwd)
+        _v2_goes_on_after_a_restart(cwd, before)
     finally:
         _kappa(cwd, "dev", "down")
         shutil.rmtree(cwd, ignore_errors=True)
+
+
+def _settings(cwd: Path) -> object:
+    from orchestrator.settings import load_settings
+
+    return load_settings(flags={"state_dir": str(cwd / ".kappa")}, env={}, cwd=cwd)
+
+
+def _durable_cycle(cwd: Path) -> list[object]:
+    """`kappa dev down`, `kappa dev up`: the log is the same, record for record."""
+    from reference import read_records
+
+    settings = _settings(cwd)
+    before = read_records(settings.kafka_bootstrap, "pageviews")  # type: ignore[attr-defined]
+    assert len(before) == 20_000
+    status = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
+    assert status["storage"] == "s3" and len(status["services"]) == 3
+    down = _kappa(cwd, "dev", "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story
+    stopped = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
+    assert not stopped["running"] and not any(s["running"] for s in stopped["services"])
+    up = _kappa(cwd, "dev", "up")
+    assert up.returncode == 0, up.stderr
+    assert "durable" in up.stdout
+    settings = _settings(cwd)
+    after = read_records(settings.kafka_bootstrap, "pageviews")  # type: ignore[attr-defined]
+    assert after == before  # same partitions, offsets, timestamps, keys and values
+    return before
+
+
+def _v2_goes_on_after_a_restart(cwd: Path, before: list[object]) -> None:
+    from integration.helpers import assert_batches_tile_the_log, output
+    from reference import compute
+
+    settings = _settings(cwd)
+    status = json.loads(_kappa(cwd, "status", "--json").stdout)
+    v2 = next(v for v in status if v["version"] == "v2")
+    assert v2["state"] == "stopped" and not v2["log_gone"], v2
+    # Deploying what is deployed and stopped says what to run, in one line.
+    again = _kappa(cwd, "deploy", str(ROOT / "jobs" / "pageview_counts" / "v2.py"), "--wait")
+    assert again.returncode == 1
+    error = again.stderr.strip()
+    assert "\n" not in error and "kappa restart pageview_counts v2" in error, error
+    # More of the log, then v2 goes on from its offsets: its batches tile the log from 0.
+    produced = _kappa(cwd, "produce-sample", "--count", "3000", "--seed", "77")
+    assert produced.returncode == 0, produced.stderr
+    assert _kappa(cwd, "restart", "pageview_counts", "v2").returncode == 0
+    waited = _kappa(cwd, "wait", "pageview_counts", "v2", "--timeout", "300")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    ref = compute(settings.kafka_bootstrap, "pageviews")  # type: ignore[attr-defined]
+    assert ref.records == len(before) + 3000
+    assert output(settings, "pageview_counts__v2") == ref.v2
+    rows = assert_batches_tile_the_log(settings, "pageview_counts", "v2", "pageviews",
+                                       ref.log_end)
+    assert {attempt for _, attempt, *_ in rows} == {1, 2}  # the restart went on, no replay

@@ -1,7 +1,9 @@
-"""`kappa dev up | down | status | env` against real embedded PostgreSQL and Tansu processes."""
+"""`kappa dev up | down | status | env | reset` against real embedded PostgreSQL, s3rver and
+Tansu processes."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -56,7 +58,8 @@ def _stop_everything(state_dir: Path) -> None:
         stack.down(state_dir)
     finally:
         record = read_stack_record(state_dir / STACK_FILE) or {}
-        recorded = [record.get("broker_cmdline"), record.get("pg_cmdline")]
+        recorded = [record.get("broker_cmdline"), record.get("pg_cmdline"),
+                    record.get("store_cmdline")]
         for proc in psutil.process_iter(["cmdline"]):
             cmdline = proc.info["cmdline"] or []
             # PostgreSQL names its data dir on its command line, even if up() failed to record it.
@@ -173,3 +176,140 @@ def test_data_dir_the_library_cannot_quote_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match="KAPPA_STATE_DIR"):
         stack.up(make_state_dir("with space"))
+
+
+def _produce(bootstrap: str, topic: str, count: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(count):
+        producer.produce(topic, key=b"k%d" % (i % 7), value=b"record %d" % i, partition=i % 3)
+    assert producer.flush(30) == 0
+
+
+def _kill(pid: int | None) -> None:
+    assert pid is not None
+    proc = psutil.Process(pid)
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def _topic_id(bootstrap: str, topic: str) -> str | None:
+    from orchestrator.kafka.admin import log_identity
+
+    return log_identity(bootstrap, [topic]).topics[topic]
+
+
+def test_the_durable_log_survives_down_up_and_a_crash_of_either_process(state_dir: Path) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from reference import read_records
+
+    first = stack.up(state_dir)
+    assert first.storage == stack.DURABLE and first.running
+    assert [s.name for s in first.services] == ["postgres", "log store (s3rver)", "broker"]
+    bootstrap = first.kafka_bootstrap
+    assert bootstrap is not None
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("events", num_partitions=3)])["events"].result(timeout=10)
+    _produce(bootstrap, "events", 3_000)
+    group = {"bootstrap.servers": bootstrap, "group.id": "readers", "enable.auto.commit": False}
+    reader = Consumer(group)
+    reader.commit(offsets=[TopicPartition("events", 1, 400)], asynchronous=False)
+    reader.close()
+    records, topic_id = read_records(bootstrap, "events"), _topic_id(bootstrap, "events")
+    assert len(records) == 3_000
+
+    def intact(what: str) -> None:
+        now = stack.status(state_dir)
+        assert now.running and now.kafka_bootstrap == bootstrap, what
+        assert read_records(bootstrap, "events") == records, what
+        assert _topic_id(bootstrap, "events") == topic_id, what
+        check = Consumer(group)
+        (committed,) = check.committed([TopicPartition("events", 1)], timeout=10)
+        check.close()
+        assert committed.offset == 400, what
+
+    _kill(first.broker.pid)  # a crash of the broker
+    assert stack.up(state_dir).cluster_id == first.cluster_id
+    intact("after the broker was killed")
+
+    store = stack.status(state_dir).log_store
+    assert store is not None
+    _kill(store.pid)  # a crash of the log store, under a running broker
+    assert not stack.status(state_dir).running
+    again = stack.up(state_dir)
+    assert again.broker.pid == stack.status(state_dir).broker.pid
+    _produce(bootstrap, "events", 30)  # the broker writes to the store again
+    records = read_records(bootstrap, "events")
+    assert len(records) == 3_030
+    intact("after the store was killed")
+
+    stack.down(state_dir)
+    stack.up(state_dir)
+    intact("after down and up")
+
+
+def test_a_memory_log_is_volatile_and_says_so(state_dir: Path) -> None:
+    first = stack.up(state_dir, memory=True)
+    assert first.storage == stack.MEMORY and first.log_store is None
+    assert "volatile" in first.storage_text
+    assert stack.up(state_dir).broker.pid == first.broker.pid  # keeps what runs
+    with pytest.raises(ConfigError, match="kappa dev down"):
+        stack.up(state_dir, memory=False)
+    assert first.kafka_bootstrap is not None
+    admin = AdminClient({"bootstrap.servers": first.kafka_bootstrap})
+    admin.create_topics([NewTopic("events", num_partitions=1)])["events"].result(timeout=10)
+    stack.down(state_dir)
+
+    second = stack.up(state_dir, memory=True)
+    assert second.cluster_id != first.cluster_id  # the catalog can tell: another log
+    assert second.kafka_bootstrap is not None
+    assert "events" not in AdminClient({"bootstrap.servers": second.kafka_bootstrap}
+                                       ).list_topics(timeout=10).topics
+    shown = _cli(state_dir, "dev", "status")
+    assert "memory: volatile" in shown.stdout
+    stack.down(state_dir)
+    assert stack.up(state_dir).storage == stack.DURABLE  # the default again
+
+
+def _cli(state_dir: Path, *args: str, stdin: str | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("kappa")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    return subprocess.run([str(exe), "--state-dir", str(state_dir), *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False, input=stdin)
+
+
+def test_reset_removes_the_log_the_catalog_and_the_checkpoints(state_dir: Path) -> None:
+    first = stack.up(state_dir)
+    assert first.kafka_bootstrap is not None and first.pg_dsn is not None
+    _produce(first.kafka_bootstrap, "events", 100)
+    with psycopg.connect(first.pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (x int)")
+    checkpoint = state_dir / "checkpoints" / "job" / "v1"
+    checkpoint.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="kappa dev down"):
+        stack.reset(state_dir)
+
+    unconfirmed = _cli(state_dir, "dev", "reset", stdin="")
+    assert unconfirmed.returncode == 1 and "--yes" in unconfirmed.stderr
+    assert stack.status(state_dir).running
+
+    done = _cli(state_dir, "dev", "reset", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "kappa dev up" in done.stdout and not stack.status(state_dir).running
+    assert not (state_dir / "dev").exists() and not checkpoint.exists()
+
+    fresh = stack.up(state_dir)
+    assert fresh.kafka_bootstrap is not None
+    assert "events" not in AdminClient({"bootstrap.servers": fresh.kafka_bootstrap}
+                                       ).list_topics(timeout=10).topics
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        _select(fresh.pg_dsn, "SELECT * FROM kept")
+
+
+def _select(dsn: str | None, text: str) -> object:
+    assert dsn is not None
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(text).fetchall()

@@ -18,7 +18,8 @@ from integration.observability import agent, scrape
 from integration.secured_brokers import SaslBroker, TlsBroker, sasl_broker, tls_broker
 from reference import compute
 
-pytestmark = [pytest.mark.integration]
+# Their brokers (tests/integration/secured_brokers.py) keep the log in memory.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_storage("memory")]
 JOB = "pageview_counts"
 
 

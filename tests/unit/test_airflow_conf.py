@@ -79,6 +79,10 @@ def test_ramp_parsing() -> None:
 
 def test_rollback_and_retire_confs() -> None:
     assert parse_rollback({"job": "pageview_counts"}).job == "pageview_counts"
+    assert not parse_rollback({"job": "pageview_counts"}).force
+    assert parse_rollback({"job": "pageview_counts", "force": True, "reason": "why"}).force
+    with pytest.raises(ConfigError, match="force must be true or false"):
+        parse_rollback({"job": "a", "force": "yes"})
     with pytest.raises(ConfigError, match="job is required"):
         parse_rollback({})
     with pytest.raises(ConfigError, match="unknown conf key"):

@@ -1,0 +1,89 @@
+"""Which log a version read: the broker's cluster id and each topic's id.
+
+Offsets alone cannot tell one log from another: a volatile broker that restarted, or a topic
+deleted and created again, can hold as many offsets as the log a version read, or more. The
+cluster id changes when the bootstrap address reaches another cluster (the embedded memory
+broker takes a new one at every start); a topic's id changes when the topic is recreated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# What brokers without topic ids (before KIP-516) answer.
+_NO_TOPIC_ID = frozenset({"", "AAAAAAAAAAAAAAAAAAAAAA"})
+
+
+@dataclass(frozen=True)
+class LogIdentity:
+    cluster_id: str | None
+    # topic -> id; None: the topic does not exist (now), or the broker gives no ids
+    topics: Mapping[str, str | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cluster_id": self.cluster_id, "topics": dict(self.topics)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> LogIdentity | None:
+        if not data:
+            return None
+        return cls(cluster_id=data.get("cluster_id"), topics=dict(data.get("topics") or {}))
+
+    def with_topics(self, other: LogIdentity) -> LogIdentity:
+        """This identity with ``other``'s topic ids added or replaced (a new topic read)."""
+        return LogIdentity(self.cluster_id, {**self.topics, **other.topics})
+
+
+def topic_id_text(raw: object) -> str | None:
+    text = str(raw) if raw is not None else ""
+    return None if text in _NO_TOPIC_ID else text
+
+
+@dataclass(frozen=True)
+class LogChange:
+    """How the log now differs from the one a version read."""
+
+    kind: str  # "cluster", "recreated" or "gone"
+    was: str
+    now: str | None
+    topic: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "cluster":
+            return (f"the broker is another cluster now (id {self.now}, was {self.was}): a "
+                    "broker that keeps its log in memory restarted and lost it, or the bootstrap "
+                    "address reaches another cluster")
+        if self.kind == "recreated":
+            return (f"topic {self.topic} was deleted and recreated (topic id {self.now}, was "
+                    f"{self.was})")
+        return f"topic {self.topic} no longer exists"
+
+
+def changes(recorded: LogIdentity, current: LogIdentity, topics: Sequence[str]) -> list[LogChange]:
+    """Where ``current`` is not the log ``recorded`` describes, for the topics a version reads.
+    Ids that either side lacks (a broker without them) are not evidence of a change."""
+    if recorded.cluster_id and current.cluster_id and recorded.cluster_id != current.cluster_id:
+        return [LogChange("cluster", recorded.cluster_id, current.cluster_id)]
+    found = []
+    for topic in topics:
+        was = recorded.topics.get(topic)
+        if was is None or topic not in current.topics:
+            continue
+        now = current.topics[topic]
+        if now is None:
+            found.append(LogChange("gone", was, None, topic))
+        elif now != was:
+            found.append(LogChange("recreated", was, now, topic))
+    return found
+
+
+def log_gone_reason(found: Sequence[LogChange], job: str, version: str) -> str:
+    return ("the log this version read is gone: " + "; ".join(c.describe() for c in found)
+            + f". Its output describes that log; deploy the job under a new VERSION to replay "
+            f"the log as it is now (`kappa restart --allow-gap {job} {version}` would go on "
+            "from the new log's start, on top of the old output)")
+
+
+__all__ = ["LogChange", "LogIdentity", "changes", "log_gone_reason", "topic_id_text"]
