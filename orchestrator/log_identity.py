@@ -19,17 +19,20 @@ _NO_TOPIC_ID = frozenset({"", "AAAAAAAAAAAAAAAAAAAAAA"})
 @dataclass(frozen=True)
 class LogIdentity:
     cluster_id: str | None
-    # topic -> id; None: the topic does not exist (now), or the broker gives no ids
+    # topic -> id; None: the broker gives no topic ids
     topics: Mapping[str, str | None] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()  # topics asked about that the broker does not know
 
     def to_json(self) -> dict[str, Any]:
-        return {"cluster_id": self.cluster_id, "topics": dict(self.topics)}
+        return {"cluster_id": self.cluster_id, "topics": dict(self.topics),
+                "missing": list(self.missing)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> LogIdentity | None:
         if not data:
             return None
-        return cls(cluster_id=data.get("cluster_id"), topics=dict(data.get("topics") or {}))
+        return cls(cluster_id=data.get("cluster_id"), topics=dict(data.get("topics") or {}),
+                   missing=tuple(data.get("missing") or ()))
 
     def with_topics(self, other: LogIdentity) -> LogIdentity:
         """This identity with ``other``'s topic ids added or replaced (a new topic read)."""
@@ -68,22 +71,35 @@ def changes(recorded: LogIdentity, current: LogIdentity, topics: Sequence[str]) 
         return [LogChange("cluster", recorded.cluster_id, current.cluster_id)]
     found = []
     for topic in topics:
-        was = recorded.topics.get(topic)
-        if was is None or topic not in current.topics:
-            continue
-        now = current.topics[topic]
-        if now is None:
+        if topic not in recorded.topics:
+            continue  # never recorded: nothing to compare with
+        was = recorded.topics[topic] or "(no id)"
+        if topic in current.missing:
             found.append(LogChange("gone", was, None, topic))
-        elif now != was:
+            continue
+        now = current.topics.get(topic)
+        if recorded.topics[topic] is not None and now is not None and now != was:
             found.append(LogChange("recreated", was, now, topic))
     return found
 
 
+GONE_PREFIX = "the log this version read is gone: "
+
+
 def log_gone_reason(found: Sequence[LogChange], job: str, version: str) -> str:
-    return ("the log this version read is gone: " + "; ".join(c.describe() for c in found)
-            + f". Its output describes that log; deploy the job under a new VERSION to replay "
-            f"the log as it is now (`kappa restart --allow-gap {job} {version}` would go on "
+    text = (GONE_PREFIX + "; ".join(c.describe() for c in found)
+            + ". Its output describes that log; deploy the job under a new VERSION to replay "
+            "the log as it is now")
+    if any(c.kind == "gone" for c in found):
+        return text
+    return (text + f" (for a batch job, `kappa restart --allow-gap {job} {version}` goes on "
             "from the new log's start, on top of the old output)")
 
 
-__all__ = ["LogChange", "LogIdentity", "changes", "log_gone_reason", "topic_id_text"]
+def is_log_gone(reason: str | None) -> bool:
+    """Whether a run's reason says its log is gone (a restart cannot help it)."""
+    return bool(reason) and str(reason).startswith(GONE_PREFIX)
+
+
+__all__ = ["GONE_PREFIX", "LogChange", "LogIdentity", "changes", "is_log_gone",
+           "log_gone_reason", "topic_id_text"]

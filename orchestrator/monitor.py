@@ -39,9 +39,19 @@ def current_identity(settings: Settings, topics: list[str]) -> LogIdentity | Non
 
     _, bootstrap = settings.require_services()
     try:
-        return log_identity(bootstrap, topics)
+        identity = log_identity(bootstrap, topics, timeout_s=IDENTITY_TIMEOUT_S)
+        if identity.missing:
+            # A broker that has just started may not know a topic for a moment: a topic is
+            # gone only if it is still missing a little later.
+            time.sleep(MISSING_RECHECK_S)
+            identity = log_identity(bootstrap, topics, timeout_s=IDENTITY_TIMEOUT_S)
     except KappaError:
         return None
+    return identity
+
+
+IDENTITY_TIMEOUT_S = 5.0
+MISSING_RECHECK_S = 1.0
 
 
 def log_gone(version: DeployedVersion, identity: LogIdentity | None) -> list[LogChange]:

@@ -26,6 +26,7 @@ from orchestrator.errors import (
     LaunchError,
     LogChangedError,
     NotFoundError,
+    ServiceUnavailableError,
     StateError,
 )
 from orchestrator.jobspec import load_job_file
@@ -231,9 +232,12 @@ class Orchestrator:
                                           .get(str(p), first), first, end, replaced=True)
                               for (t, p), (first, end) in sorted((bounds or {}).items())
                               if t in changed]
-                if any(c.kind == "gone" for c in gone) or bounds is None:
-                    raise NotFoundError(f"{log_gone_reason(gone, job, version)}; a topic the "
-                                        "version reads is missing, so it cannot go on")
+                if any(c.kind == "gone" for c in gone):
+                    raise NotFoundError(log_gone_reason(gone, job, version))
+                if bounds is None:
+                    raise ServiceUnavailableError(
+                        f"the log ends of {', '.join(deployed.spec.topics)} cannot be read now: "
+                        "check the broker, then run the same command again")
             if mismatches and not allow_gap:
                 fail_on_log_change(conn, s.catalog_schema, deployed, run, processed,
                                    bounds or {})

@@ -21,6 +21,7 @@ from orchestrator.aliases.diff import DiffReport, compare
 from orchestrator.catalog import aliases, events, lag_history, runs, versions
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import ConflictError, KappaError, StateError
+from orchestrator.log_identity import is_log_gone
 from orchestrator.models import DeployedVersion
 from orchestrator.naming import stage_table, validate_name
 from orchestrator.routing import Routing
@@ -122,13 +123,16 @@ class Switchboard:
         deployed = versions.find(self.conn, self.s.catalog_schema, job, target or "")
         if deployed is None:
             return None
-        state = self._run_state(deployed)
-        if state not in (RunState.STOPPED, RunState.FAILED):
+        run = runs.get(self.conn, self.s.catalog_schema, deployed.id)
+        if run.state not in (RunState.STOPPED, RunState.FAILED):
             return None
-        return (f"alias {self.s.serving_schema}.{name} would go back to {job} {target}, which is "
-                f"{state.value}: readers would get output that no longer follows the log. "
-                f"`kappa restart {job} {target}` resumes it (then `kappa wait {job} {target}` "
-                "and roll back)")
+        where = f"alias {self.s.serving_schema}.{name} would go back to {job} {target}"
+        if is_log_gone(run.reason):
+            return (f"{where}, whose log is gone (`kappa status {job}` says why): its output "
+                    "describes a log that no longer exists")
+        return (f"{where}, which is {run.state.value}: readers would get output that no longer "
+                f"follows the log. `kappa restart {job} {target}` resumes it (then `kappa wait "
+                f"{job} {target}` and roll back)")
 
     def _switch(self, job: str, alias: str | None, action: str,
                 target: DeployedVersion | None, change: Any, *, reason: str | None,
@@ -317,7 +321,10 @@ class Switchboard:
         schema, job = self.s.catalog_schema, v.job
         problems = []
         run = runs.get(self.conn, schema, v.id)
-        if run.state in (RunState.STOPPED, RunState.FAILED):
+        if is_log_gone(run.reason):
+            problems.append(f"it is {run.state.value}: the log it read is gone (`kappa status "
+                            f"{job}` says why); deploy the job under a new VERSION")
+        elif run.state in (RunState.STOPPED, RunState.FAILED):
             problems.append(f"it is {run.state.value}, so its output no longer follows the log "
                             f"(`kappa restart {job} {v.version}` resumes it; `kappa status "
                             f"{job}` says why)")

@@ -58,7 +58,9 @@ def _as_json(status: Any) -> dict[str, Any]:
 def _stop_drivers(settings: Settings) -> None:
     from orchestrator.dev import stack
 
-    if not stack.status(settings.state_dir).running:
+    # Not `running`: with the log store down, the drivers must stop all the same.
+    now = stack.status(settings.state_dir)
+    if not (now.postgres.running and now.broker.running):
         return
     from orchestrator.service import Orchestrator
 
@@ -69,6 +71,7 @@ def _stop_drivers(settings: Settings) -> None:
 
 def _reset(settings: Settings, as_json: bool, yes: bool) -> int:
     from orchestrator.dev import stack
+    from orchestrator.spark.checkpoint import is_local, local_path
 
     where = settings.state_dir.resolve()
     if not yes:
@@ -89,7 +92,8 @@ def _reset(settings: Settings, as_json: bool, yes: bool) -> int:
         for path in removed:
             print(f"removed {path}")
         elsewhere = settings.checkpoint_root
-        if elsewhere and not str(elsewhere).startswith(str(where)):
+        if elsewhere and not (is_local(elsewhere)
+                              and local_path(elsewhere).resolve().is_relative_to(where)):
             print(f"checkpoints under {elsewhere} (KAPPA_CHECKPOINT_ROOT) were left alone")
         print("the embedded stack is down and empty; `kappa dev up` starts it afresh")
     return 0

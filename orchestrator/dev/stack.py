@@ -108,7 +108,8 @@ def up(state_dir: Path, *, memory: bool | None = None) -> StackStatus:
     with _locked(dev):
         record = read_stack_record(state_dir / STACK_FILE) or {}
         broker_running = _live_process(record, "broker") is not None
-        storage = record.get("storage") or DURABLE
+        # A broker started before storages were recorded keeps its log in memory.
+        storage = record.get("storage") or (MEMORY if broker_running else DURABLE)
         if memory is not None:
             wanted = MEMORY if memory else DURABLE
             if broker_running and wanted != storage:
@@ -127,7 +128,8 @@ def up(state_dir: Path, *, memory: bool | None = None) -> StackStatus:
         if storage == DURABLE:
             if _live_process(record, "store") is None:
                 # The same port as before: a running broker knows the store by its address.
-                record.update(_start_store(dev, record.get("store_port")))
+                record.update(_start_store(dev, record.get("store_port"),
+                                           same_port=broker_running))
                 _write_record(state_dir, record)
             store = record["store_port"]
         if not broker_running:
@@ -169,7 +171,7 @@ def status(state_dir: Path) -> StackStatus:
     pg = _live_process(record, "pg")
     broker = _live_process(record, "broker")
     port = record.get("broker_port")
-    storage = record.get("storage")
+    storage = record.get("storage") or (MEMORY if broker else None)
     store = None
     if storage == DURABLE:
         live = _live_process(record, "store")
@@ -201,11 +203,19 @@ def reset(state_dir: Path) -> list[Path]:
     """Remove the embedded stack's data (log, catalog and outputs, checkpoints, driver logs);
     the stack must be down. Returns what was removed."""
     state_dir = state_dir.resolve()
-    now = status(state_dir)
-    if any(s.running for s in now.services):
-        raise ConfigError(f"the dev stack in {state_dir} is running: run `kappa dev down` first")
+    dev = state_dir / "dev"
     removed = []
-    for name in ("dev", "checkpoints", "logs"):
+    if dev.is_dir():
+        # Under the lock: an `up` at the same time waits, then starts on nothing.
+        with _locked(dev):
+            if any(s.running for s in status(state_dir).services):
+                raise ConfigError(f"the dev stack in {state_dir} is running: run `kappa dev "
+                                  "down` first")
+            for entry in dev.iterdir():
+                if entry.name != ".lock":
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        removed.append(dev)
+    for name in ("checkpoints", "logs"):
         path = state_dir / name
         if path.exists():
             shutil.rmtree(path)
@@ -278,7 +288,7 @@ def s3rver_path() -> Path:
         f"s3rver@{S3RVER_VERSION}`; or `kappa dev up --memory` for a volatile log")
 
 
-def _start_store(dev: Path, preferred_port: Any) -> dict[str, Any]:
+def _start_store(dev: Path, preferred_port: Any, *, same_port: bool) -> dict[str, Any]:
     binary = s3rver_path()
     if shutil.which("node") is None:
         raise ConfigError("s3rver needs Node.js, which is not on PATH: install it (e.g. "
@@ -286,6 +296,11 @@ def _start_store(dev: Path, preferred_port: Any) -> dict[str, Any]:
     data = dev / "log"
     data.mkdir(exist_ok=True)
     port = _pick_port(preferred_port)
+    if same_port and port != preferred_port:
+        raise ServiceUnavailableError(
+            f"the log store's port {preferred_port} is taken by another process, and the "
+            "running broker knows the store only there: run `kappa dev down`, then `kappa dev "
+            "up`")
     # --configure-bucket last: it takes a variable number of arguments.
     argv = [str(binary), "--directory", str(data), "--port", str(port), "--address",
             BROKER_HOST, "--silent", "--configure-bucket", _BUCKET]

@@ -266,6 +266,7 @@ def log_identity(bootstrap: Kafka, topics: Sequence[str], *,
     with kafka_errors("describing the cluster", bootstrap):
         cluster = admin.describe_cluster(request_timeout=timeout_s).result()
     ids: dict[str, str | None] = {}
+    missing: list[str] = []
     if topics:
         with kafka_errors("describing the topics read", bootstrap):
             futures = admin.describe_topics(TopicCollection(list(dict.fromkeys(topics))),
@@ -277,8 +278,9 @@ def log_identity(bootstrap: Kafka, topics: Sequence[str], *,
                     err = exc.args[0] if exc.args else None
                     if not (isinstance(err, KafkaError) and err.code() in _NOT_FOUND):
                         raise
-                    ids[topic] = None
-    return LogIdentity(cluster_id=cluster.cluster_id or None, topics=ids)
+                    missing.append(topic)
+    return LogIdentity(cluster_id=cluster.cluster_id or None, topics=ids,
+                       missing=tuple(missing))
 
 
 def broker_reachable(bootstrap: Kafka, timeout_s: float = 1.0) -> bool:

@@ -175,6 +175,11 @@ class LogEndProbe:
         uncommitted = self._list_offsets(tps, OFFSET_END, committed=False)  # Tansu's bound
         ladders = {tp: candidate_ladder(starts[tp], committed[tp], uncommitted[tp],
                                         self._last_end.get(tp)) for tp in tps}
+        # A Fetch response's end offset as the client keeps it is the high watermark, not the
+        # LSO: it may stand for the end only where no transaction was seen open (both
+        # ListOffsets answers agree: on a real Kafka, where the read_committed one is the LSO;
+        # and on Tansu's durable storage, which answers 1 to both).
+        told = {tp for tp in tps if committed[tp] == uncommitted[tp]}
         ends: dict[tuple[str, int], int] = {}
         rung = 0
         while len(ends) < len(tps):
@@ -182,7 +187,7 @@ class LogEndProbe:
                        if tp not in ends}
             last = all(rung >= len(ladders[tp]) - 1 for tp in pending)
             ends.update(self._fetch_ends(pending, self.timeout_s if last else _RUNG_WAIT_S,
-                                         final=last))
+                                         final=last, told=told))
             rung += 1
         for tp in tps:
             self._last_end[tp] = ends[tp]
@@ -190,26 +195,28 @@ class LogEndProbe:
 
     @staticmethod
     def _ends_told(consumer: Consumer, candidates: dict[tuple[str, int], int],
-                   ends: dict[tuple[str, int], int], paused: list[TopicPartition]) -> None:
+                   ends: dict[tuple[str, int], int], paused: list[TopicPartition],
+                   baseline: dict[tuple[str, int], int], settled: bool) -> None:
         """Ends that Fetch responses told, without reading on to the EOF event.
 
-        Every Fetch response carries the partition's end (the LSO, read_committed), records or
-        not: Tansu's durable storage answers a Fetch it cannot serve within fetch.wait.max.ms
-        with no records and the end, and would never deliver the EOF event below the end. An
-        end above the candidate comes from this assignment (an earlier call's ended at or below
-        it, the candidate being at least the last end found)."""
+        Every Fetch response carries the partition's high watermark, records or not: Tansu's
+        durable storage answers a Fetch it cannot serve within fetch.wait.max.ms with no
+        records and the watermark, and would never deliver the EOF event below the end. The
+        client keeps the last value across assignments: until this assignment has had time for
+        Fetch answers (``settled``), only a value that changed since it (``baseline``) counts."""
         for key, candidate in candidates.items():
-            if key in ends:
+            if key in ends or key not in baseline:
                 continue
             _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
-            if high > candidate:
+            if high > candidate and (settled or high != baseline[key]):
                 ends[key] = high
                 # Fetches go to the partitions still unanswered.
                 paused.append(TopicPartition(*key))
                 consumer.pause(paused[-1:])
 
     def _fetch_ends(
-        self, candidates: dict[tuple[str, int], int], wait_s: float, *, final: bool
+        self, candidates: dict[tuple[str, int], int], wait_s: float, *, final: bool,
+        told: set[tuple[str, int]] | None = None,
     ) -> dict[tuple[str, int], int]:
         """Fetch each partition from its candidate until the Fetch reports its end (the LSO).
 
@@ -223,6 +230,9 @@ class LogEndProbe:
         deadline = time.monotonic() + wait_s
         with kafka_errors(doing, self.bootstrap):
             consumer.assign([TopicPartition(t, p, o) for (t, p), o in candidates.items()])
+            assigned_at = time.monotonic()
+            baseline = {key: consumer.get_watermark_offsets(TopicPartition(*key), cached=True)[1]
+                        for key in candidates if key in (told or ())}
             try:
                 while len(ends) < len(candidates):
                     remaining = deadline - time.monotonic()
@@ -242,7 +252,8 @@ class LogEndProbe:
                     if not msgs:
                         one = consumer.poll(min(remaining, 0.01))
                         msgs = [] if one is None else [one]
-                    self._ends_told(consumer, candidates, ends, paused)
+                    self._ends_told(consumer, candidates, ends, paused, baseline,
+                                    time.monotonic() - assigned_at >= _TOLD_SETTLE_S)
                     for msg in msgs:
                         err = msg.error()
                         if err is None:
@@ -257,6 +268,9 @@ class LogEndProbe:
                         offset = msg.offset()
                         if key in candidates and key not in ends and offset is not None:
                             ends[key] = offset
+                            # No later Fetch may move its kept watermark past this end.
+                            paused.append(TopicPartition(*key))
+                            consumer.pause(paused[-1:])
             finally:
                 if paused:  # a pause outlives the assignment: the next call would hang
                     consumer.resume(paused)
@@ -266,6 +280,8 @@ class LogEndProbe:
 
 # How long a candidate above the end may stay unanswered before the next lower one is tried.
 _RUNG_WAIT_S = 0.5
+# After this long, Fetch answers of an assignment have come in (polled every 10 ms).
+_TOLD_SETTLE_S = 0.3
 
 
 def candidate_ladder(start: int, committed: int, uncommitted: int, last_end: int | None

@@ -356,8 +356,9 @@ class Driver:
         from orchestrator.log_identity import changes, log_gone_reason
 
         if v.log_identity is not None:
-            gone = changes(v.log_identity, log_identity(self.kafka, list(v.spec.topics)),
-                           list(v.spec.topics))
+            gone = [c for c in changes(v.log_identity, log_identity(self.kafka,
+                                                                    list(v.spec.topics)),
+                                       list(v.spec.topics)) if c.kind != "gone"]
             if gone:
                 raise JobError(log_gone_reason(gone, v.job, v.version))
         bounds = log_bounds(self.kafka, list(v.spec.topics))

@@ -72,8 +72,8 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         "cores": str(cores),
         "version_id": str(version_id), "catalog_schema": catalog_schema,
         "job": job, "version": version,
-        # Which log the version read: checked before every batch, so that no batch of another
-        # log (a topic recreated, a volatile broker restarted) is ever committed as this one.
+        # Which log the version read: checked before every batch is planned, so that a batch
+        # is not cut from another log (a topic recreated, a volatile broker restarted).
         "log_identity": json.dumps(read.to_json() if read else None),
     }
 
@@ -140,7 +140,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         recorded = LogIdentity.from_json(json.loads(self.options.get("log_identity") or "null"))
         if recorded is None:
             return
-        gone = changes(recorded, log_identity(self.kafka, [self.topic]), [self.topic])
+        # A topic missing for a moment (a broker starting) is left to the bounds, which wait
+        # it out: only another cluster or another topic id is conclusive here.
+        gone = [c for c in changes(recorded, log_identity(self.kafka, [self.topic]),
+                                   [self.topic]) if c.kind != "gone"]
         if gone:
             raise LogChangedError(log_gone_reason(gone, self.options["job"],
                                                   self.options["version"]))

@@ -79,6 +79,13 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
     service.produce_sample(topic, 2_000, seed=102)
     service.wait(JOB, "v2", timeout_s=60)  # promote measures the lag: v2 must have read them
     service.promote(JOB, "v2")
+    # A rollback to a version that was stopped would serve output that no longer follows the
+    # log: refused, naming what to run.
+    service.stop(JOB, "v1")
+    with pytest.raises(StateError, match="kappa restart pageview_counts v1"):
+        service.rollback(JOB, reason="checking rollback")
+    service.restart(JOB, "v1")
+    service.wait(JOB, "v1", timeout_s=120)
     service.rollback(JOB, reason="checking rollback")
     ref = compute(settings.kafka_bootstrap, topic)
     wait_until(lambda: _alias_rows(settings) == ref.v1, 30,

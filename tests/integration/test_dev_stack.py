@@ -234,12 +234,13 @@ def test_the_durable_log_survives_down_up_and_a_crash_of_either_process(state_di
     assert stack.up(state_dir).cluster_id == first.cluster_id
     intact("after the broker was killed")
 
-    store = stack.status(state_dir).log_store
-    assert store is not None
-    _kill(store.pid)  # a crash of the log store, under a running broker
+    before = stack.status(state_dir)
+    assert before.log_store is not None and before.broker.pid is not None
+    _kill(before.log_store.pid)  # a crash of the log store, under a running broker
     assert not stack.status(state_dir).running
     again = stack.up(state_dir)
-    assert again.broker.pid == stack.status(state_dir).broker.pid
+    assert again.broker.pid == before.broker.pid  # only the store was started again
+    assert again.log_store is not None and again.log_store.address == before.log_store.address
     _produce(bootstrap, "events", 30)  # the broker writes to the store again
     records = read_records(bootstrap, "events")
     assert len(records) == 3_030
@@ -284,7 +285,10 @@ def _cli(state_dir: Path, *args: str, stdin: str | None = None
 def test_reset_removes_the_log_the_catalog_and_the_checkpoints(state_dir: Path) -> None:
     first = stack.up(state_dir)
     assert first.kafka_bootstrap is not None and first.pg_dsn is not None
+    admin = AdminClient({"bootstrap.servers": first.kafka_bootstrap})
+    admin.create_topics([NewTopic("events", num_partitions=3)])["events"].result(timeout=10)
     _produce(first.kafka_bootstrap, "events", 100)
+    assert "events" in admin.list_topics(timeout=10).topics
     with psycopg.connect(first.pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE kept (x int)")
     checkpoint = state_dir / "checkpoints" / "job" / "v1"
@@ -299,7 +303,8 @@ def test_reset_removes_the_log_the_catalog_and_the_checkpoints(state_dir: Path) 
     done = _cli(state_dir, "dev", "reset", "--yes")
     assert done.returncode == 0, done.stderr
     assert "kappa dev up" in done.stdout and not stack.status(state_dir).running
-    assert not (state_dir / "dev").exists() and not checkpoint.exists()
+    assert [p.name for p in (state_dir / "dev").iterdir()] == [".lock"]  # kept for `up`
+    assert not checkpoint.exists()
 
     fresh = stack.up(state_dir)
     assert fresh.kafka_bootstrap is not None
