@@ -468,12 +468,13 @@ class Orchestrator:
 
         def measure_now(deployed: DeployedVersion) -> int | None:
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
-            if monitor.log_gone(deployed, monitor.current_identity(
-                    s, list(deployed.spec.topics))):
-                return None
             bounds = self._bounds(deployed)
             if bounds is None or log_mismatches(processed or deployed.log_start, bounds):
                 return None  # no lag against a log the version did not read
+            # After the bounds: a broker that cannot answer them costs no second timeout.
+            if monitor.log_gone(deployed, monitor.current_identity(
+                    s, list(deployed.spec.topics))):
+                return None
             return lag_against(processed or deployed.log_start, bounds)
 
         return Switchboard(s, conn, measure_now)

@@ -76,9 +76,10 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
     from orchestrator.settings import Settings
     from orchestrator.spark import launcher
 
-    # A stack of its own: this test takes its services away.
+    # A stack of its own: this test takes its services away. Its log in memory: the chaos is in
+    # the processes, and the durable log's own crashes are test_dev_stack's.
     state = Path(tempfile.mkdtemp(prefix="kappa-chaos-"))
-    up = dev_stack.up(state)
+    up = dev_stack.up(state, memory=True)
     settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
                         spark_driver_memory="768m", heartbeat_interval_s=1.0)
     settings = replace(settings, max_batch_records=5_000, chunk_records=2_500)
