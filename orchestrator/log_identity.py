@@ -83,6 +83,13 @@ def changes(recorded: LogIdentity, current: LogIdentity, topics: Sequence[str]) 
     return found
 
 
+def replaced(recorded: LogIdentity, current: LogIdentity, topics: Sequence[str]
+             ) -> list[LogChange]:
+    """The changes that are conclusive at once: another cluster, another topic id. A topic
+    missing for a moment may be a broker still starting; the bounds wait that out."""
+    return [c for c in changes(recorded, current, topics) if c.kind != "gone"]
+
+
 GONE_PREFIX = "the log this version read is gone: "
 
 
@@ -102,4 +109,4 @@ def is_log_gone(reason: str | None) -> bool:
 
 
 __all__ = ["GONE_PREFIX", "LogChange", "LogIdentity", "changes", "is_log_gone",
-           "log_gone_reason", "topic_id_text"]
+           "log_gone_reason", "replaced", "topic_id_text"]

@@ -353,12 +353,11 @@ class Driver:
                 start.setdefault(topic, {}).update(partitions)
             checkpoint.start(next_id, start)
         from orchestrator.kafka.admin import log_identity
-        from orchestrator.log_identity import changes, log_gone_reason
+        from orchestrator.log_identity import log_gone_reason, replaced
 
         if v.log_identity is not None:
-            gone = [c for c in changes(v.log_identity, log_identity(self.kafka,
-                                                                    list(v.spec.topics)),
-                                       list(v.spec.topics)) if c.kind != "gone"]
+            topics = list(v.spec.topics)
+            gone = replaced(v.log_identity, log_identity(self.kafka, topics), topics)
             if gone:
                 raise JobError(log_gone_reason(gone, v.job, v.version))
         bounds = log_bounds(self.kafka, list(v.spec.topics))

@@ -32,7 +32,7 @@ from orchestrator.lag import (
     split_range,
     take_records,
 )
-from orchestrator.log_identity import LogIdentity, changes, log_gone_reason
+from orchestrator.log_identity import LogIdentity, log_gone_reason, replaced
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
@@ -140,10 +140,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         recorded = LogIdentity.from_json(json.loads(self.options.get("log_identity") or "null"))
         if recorded is None:
             return
-        # A topic missing for a moment (a broker starting) is left to the bounds, which wait
-        # it out: only another cluster or another topic id is conclusive here.
-        gone = [c for c in changes(recorded, log_identity(self.kafka, [self.topic]),
-                                   [self.topic]) if c.kind != "gone"]
+        gone = replaced(recorded, log_identity(self.kafka, [self.topic]), [self.topic])
         if gone:
             raise LogChangedError(log_gone_reason(gone, self.options["job"],
                                                   self.options["version"]))
