@@ -26,6 +26,7 @@ from orchestrator.catalog import events, runs, versions
 from orchestrator.catalog.batches import Mover, StaleDriverError, apply_batch, prune
 from orchestrator.catalog.output import create_stage
 from orchestrator.errors import JobFileError, KappaError
+from orchestrator.failpoints import fail_point
 from orchestrator.kafka.groups import GroupMirror
 from orchestrator.kafka_endpoint import Kafka
 from orchestrator.lag import lag_against, log_changed_reason, log_mismatches
@@ -125,10 +126,16 @@ class BatchCommit:
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
                                  self.attempt, None)
             self.retry_noted = False
+        fail_point("batch.before_spark_commit")
 
     def _commit(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> None:
         if self._already_applied(batch_id):
-            log.info("batch %d already applied; skipping its replay", batch_id)
+            if self.version.spec.mode == "stream":
+                # The DataFrame is the stateful plan: unless it runs, the state store never
+                # writes this batch's version, and Spark refuses the commit (or the next batch
+                # finds no state to load). Run it, write nothing.
+                df.write.format("noop").mode("overwrite").save()
+            log.info("batch %d already applied; skipping its apply", batch_id)
             self._mirror(end)
             return
         began = time.monotonic()
@@ -141,6 +148,7 @@ class BatchCommit:
             staged, mover = "one write", None
         result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
                              self.attempt, batch_id, start, end, write_id, move=mover)
+        fail_point("batch.after_pg_commit")
         self._mirror(end)
         seconds = time.monotonic() - began
         log.info("batch %d: %d offsets, %s staged, %d output rows changed, %d dead letters, "
@@ -503,6 +511,7 @@ class Driver:
     def _lag(self) -> int:
         from orchestrator.kafka.offsets import log_bounds
 
+        fail_point("driver.measure_lag")
         with self.conn.transaction():
             processed = runs.processed_offsets(self.conn, self.settings.catalog_schema,
                                                self.version.id)

@@ -1,0 +1,108 @@
+"""Named fail points: places in the driver and the commit path where a test makes the process
+exit or raise, so that a crash in a window of milliseconds is repeatable (as FoundationDB's
+buggify and TiKV's fail-rs do).
+
+Off unless ``KAPPA_FAIL_POINTS`` names them, e.g.::
+
+    KAPPA_FAIL_POINTS="batch.after_pg_commit=2*off->1*exit;driver.measure_lag=1*raise"
+
+Each point takes a sequence of terms ``[COUNT*]ACTION`` joined by ``->``, run in order as the
+point is reached in this process; a term without a count lasts for ever, and once the sequence
+is used up the point is off. Actions:
+
+- ``off``: nothing;
+- ``exit``: end the process at once with status 86 (no clean-up, no state recorded: like
+  SIGKILL or the out-of-memory killer);
+- ``raise``: raise :class:`FailPointError`.
+
+The launcher passes its environment to drivers, so a test sets the variable for the deploy or
+restart whose driver should fail, and a later restart without it runs clean.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from orchestrator.errors import ConfigError, KappaError
+
+ENV = "KAPPA_FAIL_POINTS"
+EXIT_STATUS = 86
+ACTIONS = ("off", "exit", "raise")
+# Every point the code checks: a name outside this list is a typo in a test.
+POINTS = (
+    "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
+    "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
+    "driver.measure_lag",  # the driver asks how far behind the log end it is
+)
+
+
+class FailPointError(KappaError):
+    """Raised by a fail point set to ``raise``: only tests set them (KAPPA_FAIL_POINTS)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    action: str
+    count: int | None  # None: for ever
+
+
+def parse(text: str) -> dict[str, tuple[Term, ...]]:
+    points: dict[str, tuple[Term, ...]] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, sep, spec = item.partition("=")
+        name = name.strip()
+        if not sep or name not in POINTS:
+            raise ConfigError(f"{ENV}: {item!r} is not NAME=ACTIONS with NAME one of "
+                              f"{', '.join(POINTS)}; fix or unset {ENV}")
+        points[name] = tuple(_term(part.strip(), item) for part in spec.split("->"))
+    return points
+
+
+def _term(text: str, item: str) -> Term:
+    count_text, star, action = text.rpartition("*")
+    if action not in ACTIONS or (star and not count_text.isdigit()):
+        raise ConfigError(f"{ENV}: {item!r}: each term is [COUNT*]ACTION with ACTION one of "
+                          f"{', '.join(ACTIONS)}; fix or unset {ENV}")
+    return Term(action, int(count_text) if star else None)
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._source: str | None = None
+        self._points: dict[str, tuple[Term, ...]] = {}
+        self._hits: dict[str, int] = {}
+
+    def action(self, name: str) -> str:
+        text = os.environ.get(ENV, "")
+        with self._lock:
+            if text != self._source:
+                self._points, self._hits, self._source = parse(text), {}, text
+            terms = self._points.get(name)
+            if not terms:
+                return "off"
+            hit = self._hits.get(name, 0)
+            self._hits[name] = hit + 1
+            for term in terms:
+                if term.count is None or hit < term.count:
+                    return term.action
+                hit -= term.count
+            return "off"
+
+
+_REGISTRY = _Registry()
+
+
+def fail_point(name: str) -> None:
+    """Exit or raise here if ``KAPPA_FAIL_POINTS`` says so for ``name``; otherwise nothing."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fail point {name!r}")
+    if ENV not in os.environ:
+        return
+    action = _REGISTRY.action(name)
+    if action == "exit":
+        os._exit(EXIT_STATUS)
+    if action == "raise":
+        raise FailPointError(f"fail point {name} ({ENV})")

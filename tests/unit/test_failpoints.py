@@ -1,0 +1,51 @@
+"""Fail points: off unless named, counted per process, and typos refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import failpoints
+from orchestrator.errors import ConfigError
+from orchestrator.failpoints import FailPointError, Term, fail_point, parse
+
+
+def test_terms_run_in_order_then_the_point_is_off(monkeypatch) -> None:
+    monkeypatch.setattr(failpoints, "_REGISTRY", failpoints._Registry())
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.after_pg_commit=2*off->1*raise")
+    fail_point("batch.after_pg_commit")
+    fail_point("batch.after_pg_commit")
+    with pytest.raises(FailPointError, match=r"batch\.after_pg_commit"):
+        fail_point("batch.after_pg_commit")
+    fail_point("batch.after_pg_commit")  # used up
+    fail_point("driver.measure_lag")  # not named: off
+
+
+def test_a_term_without_count_lasts_for_ever(monkeypatch) -> None:
+    monkeypatch.setattr(failpoints, "_REGISTRY", failpoints._Registry())
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "driver.measure_lag=1*off->raise")
+    fail_point("driver.measure_lag")
+    for _ in range(3):
+        with pytest.raises(FailPointError):
+            fail_point("driver.measure_lag")
+
+
+def test_unset_means_off_and_unknown_names_are_bugs(monkeypatch) -> None:
+    monkeypatch.delenv("KAPPA_FAIL_POINTS", raising=False)
+    fail_point("batch.before_spark_commit")
+    with pytest.raises(ValueError, match="unknown fail point"):
+        fail_point("batch.after_commit")
+
+
+@pytest.mark.parametrize("text", ["batch.after_commit=exit", "batch.after_pg_commit",
+                                  "batch.after_pg_commit=x*exit",
+                                  "batch.after_pg_commit=1*crash"])
+def test_malformed_settings_say_what_to_fix(text: str) -> None:
+    with pytest.raises(ConfigError, match="KAPPA_FAIL_POINTS"):
+        parse(text)
+
+
+def test_parse_reads_every_point() -> None:
+    assert parse("batch.after_pg_commit=2*off->1*exit; driver.measure_lag=raise") == {
+        "batch.after_pg_commit": (Term("off", 2), Term("exit", 1)),
+        "driver.measure_lag": (Term("raise", None),),
+    }
