@@ -52,6 +52,7 @@ _BACKOFF_S = (2, 4, 8, 16, 30)  # then 30 s between retries, for as long as it t
 _MAX_QUERY_FAILURES = 10
 _FAILURE_WINDOW_S = 600
 _PRUNE_EVERY = 100  # batches between two prunings of the batch records
+_LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
 
 
 def _connect(dsn: str) -> psycopg.Connection:
@@ -76,7 +77,6 @@ class BatchCommit:
         self.failure: BatchFailure | None = None  # the last batch that failed, and how often
         self.commits = 0  # batches committed by this driver
         self.heartbeat: Heartbeat | None = None  # told when a batch is in progress
-        self.after_commit: Callable[[BatchCommit], None] | None = None
         self.retry_noted = False  # runs.reason says why we retry: clear it after a commit
         # Spark's batch ids start at 0 in every new checkpoint; the catalog's continue.
         self.checkpoint, self.base, self.start = checkpoint, checkpoint.batch_base(), start
@@ -119,8 +119,6 @@ class BatchCommit:
                            self.settings.batches_kept)
             if folded:
                 log.info("folded %d old batch records into the summary", folded)
-        if self.after_commit is not None:
-            self.after_commit(self)
         if self.retry_noted:
             with self.conn.transaction():
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
@@ -243,7 +241,7 @@ class Driver:
         self.dsn, self.kafka = settings.require_services()
         self.attempt = attempt
         self.conn = _connect(self.dsn)
-        self._next_lag_check = 0.0
+        self.caught_up_recorded = False  # whether caught_up was recorded
         self.cores = 1  # known once the session is up
         deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
         self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
@@ -305,7 +303,6 @@ class Driver:
             # and the state changes once a measured lag is within the limit.
             log.info("going live %s records behind; caught_up is recorded once the measured lag "
                      "is at most %d", "?" if behind is None else behind, s.max_lag_records)
-            sink.after_commit = self._check_caught_up
         self._run_resilient(spark, sink, live=True)
 
     def _caught_up(self, behind: int) -> None:
@@ -313,20 +310,23 @@ class Driver:
                  self.settings.max_lag_records)
         self.set_state(RunState.CAUGHT_UP)
         self.set_state(RunState.LIVE)
+        self.caught_up_recorded = True
 
-    def _check_caught_up(self, sink: BatchCommit) -> None:
-        now = time.monotonic()
-        if now < self._next_lag_check:
+    def _check_caught_up(self) -> None:
+        """Measured on a timer while the live query runs, not after commits: a log that goes
+        quiet brings no commit, and the last measurement may have been unknown."""
+        if self.caught_up_recorded:
             return
-        self._next_lag_check = now + 2.0
         try:
+            self.reconnect()
             behind = self._lag()
-        except KappaError as exc:
-            log.warning("cannot measure the lag (%s)", exc)
-            return
-        if behind <= self.settings.max_lag_records:
-            sink.after_commit = None
-            self._caught_up(behind)
+            if behind <= self.settings.max_lag_records:
+                self._caught_up(behind)
+        except (KappaError, psycopg.Error) as exc:
+            if isinstance(exc, StaleDriverError):
+                raise
+            # The next tick measures again; the query itself is not at fault.
+            log.warning("cannot measure the lag (%s)", str(exc).splitlines()[0][:300])
 
     def _resume_point(self, checkpoint: Checkpoint) -> Offsets:
         """Where the first batch of a new checkpoint starts, and a refusal when the log or the
@@ -496,6 +496,7 @@ class Driver:
             writer = writer.trigger(processingTime=f"{s.live_trigger_seconds} seconds")
         else:
             writer = writer.trigger(availableNow=True)
+        tick = self._check_caught_up if live else None
         try:
             query = writer.start()
         except Exception as exc:
@@ -506,7 +507,14 @@ class Driver:
             raise JobError(f"{v.job} {v.version}: Spark cannot run transform()'s query with "
                            f"OUTPUT_MODE \"{v.spec.output_mode}\": {_spark_reason(exc)}; "
                            f"{hint}") from exc
-        query.awaitTermination()
+        try:
+            # Raises if the query failed; False while it runs on.
+            while not query.awaitTermination(_LAG_CHECK_S):
+                if tick is not None:
+                    tick()
+        except StaleDriverError:
+            query.stop()
+            raise
 
     def _lag(self) -> int:
         from orchestrator.kafka.offsets import log_bounds

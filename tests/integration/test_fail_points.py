@@ -123,3 +123,24 @@ def test_batch_job_resumes_exactly_after_a_crash_between_the_two_commits(
             assert_batches_tile_the_log(settings, job, "v1", topic, ref.log_end)
     finally:
         stop_drivers(service)
+
+
+def test_caught_up_is_measured_on_a_timer_once_the_log_goes_quiet(
+        settings, topic, tmp_path: Path, monkeypatch) -> None:
+    """The lag measured when the catch-up ends is unknown (the broker did not answer, here a
+    fail point), so the version goes live before it can say it caught up. No record arrives
+    after that: no commit comes to trigger a check, and only a timer can record caught_up."""
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 3_000, seed=84)
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "driver.measure_lag=1*raise")
+    try:
+        service.deploy(job_file(tmp_path, "v1", topic))
+        monkeypatch.delenv("KAPPA_FAIL_POINTS")
+        st = service.wait("pageview_counts", "v1", timeout_s=120)
+        assert st.state.value == "live" and st.lag_records == 0
+        log = Path(st.log_path or "").read_text()
+        assert "cannot measure the lag" in log  # the fail point fired
+    finally:
+        stop_drivers(service)
