@@ -27,11 +27,22 @@ _OUTAGE = re.compile(
 _PYTHON_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 
 
+# SQLSTATEs that mean "the server cannot serve now": connection exceptions (class 08),
+# insufficient resources (53: disk full, out of memory, too many connections), a server shutting
+# down or starting (57P01-57P05) and system errors (58). Anything else PostgreSQL answers
+# (a statement timeout, an index row too large, a lock or serialisation failure) is an answer
+# about this batch, and counts towards the poison rule.
+_OUTAGE_SQLSTATE = re.compile(r"^(?:08|53|58|57P0[1-5])")
+
+
 def is_outage(exc: BaseException) -> bool:
     import psycopg
 
-    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return True
+    if isinstance(exc, psycopg.Error):
+        if exc.sqlstate is not None:
+            return bool(_OUTAGE_SQLSTATE.match(exc.sqlstate))
+        # No SQLSTATE: the client lost or never had its connection.
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
     return bool(_OUTAGE.search(f"{type(exc).__name__}: {exc}"))
 
 
@@ -48,7 +59,15 @@ def root_cause(exc: BaseException) -> str:
             found = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
     if found is None:
         found = text.splitlines()[0] if text else type(exc).__name__
+        if _is_database_error(exc) and text:
+            found = f"{type(exc).__name__}: {found}"
     return found[:400]
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    import psycopg
+
+    return isinstance(exc, psycopg.Error)
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,10 @@ class Quarantine:
                                             write_id)
         except KappaError as exc:
             return str(exc)
+        except psycopg.Error as exc:  # what PostgreSQL refuses of these rows (a key too long)
+            if is_outage(exc):
+                raise
+            return root_cause(exc)
         return None
 
     def _dead_letter(self, conn: psycopg.Connection) -> None:

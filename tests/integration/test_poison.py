@@ -95,3 +95,46 @@ def test_a_poison_record_fails_the_version_and_quarantine_isolates_it(
         assert "null key" in errors[poison[1]]
     finally:
         stop_drivers(service)
+
+
+def test_a_deterministic_postgres_error_fails_the_version_instead_of_retrying_for_ever(
+    settings, topic, tmp_path: Path
+) -> None:
+    """A key too long for PostgreSQL's index (54000 "index row size exceeds maximum") fails
+    every try of its batch the same way: it is a poison batch, not an outage."""
+    import random
+    import string
+
+    from orchestrator.kafka.producer import produce
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, max_batch_records=4_000, chunk_records=2_000)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 3_000, seed=63)
+    rng = random.Random(63)
+    long_url = "/" + "".join(rng.choices(string.ascii_letters + string.digits, k=60_000))
+    produce(settings.kafka_bootstrap, topic, [(b"p", _event(long_url))], partition=0)
+    path = tmp_path / "poison_counts.py"
+    path.write_text(POISONED_JOB.format(topic=topic))
+    try:
+        service.deploy(path)
+        st = wait_until(lambda: (s := service.version_status(JOB, "v1")).state.value == "failed"
+                        and s, 120, "the batch with the long key to fail the version")
+        assert "failed 3 times" in st.reason, st.reason
+        assert f"{topic}/0 [" in st.reason  # the batch's offsets
+        assert "ProgramLimitExceeded: index row requires" in st.reason, st.reason
+        assert f"kappa restart --quarantine {JOB} v1" in st.reason
+
+        # The remedy it names works: the record goes to the dead letters, the rest on.
+        result = kappa_cli(settings, "restart", "--quarantine", JOB, "v1")
+        assert result.returncode == 0, result.stderr
+        service.wait(JOB, "v1", timeout_s=300)
+        ref = compute(settings.kafka_bootstrap, topic)
+        (long_offset,) = [o for p, o, value in read_log(settings.kafka_bootstrap, topic)
+                          if p == 0 and value == _event(long_url)]
+        assert output(settings, f"{JOB}__v1") == {url: counts for url, counts in ref.v1.items()
+                                                  if url != long_url}
+        assert dead_letters(settings, f"{JOB}__v1__dead_letters") == \
+            ref.invalid_offsets | {(0, long_offset)}
+    finally:
+        stop_drivers(service)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import psycopg
+import pytest
+from psycopg import errors
+
 from orchestrator.spark.failures import BatchFailure, is_outage, root_cause
 
 RELAYED = """[STREAM_FAILED] Query [id = f1] terminated with exception: An exception was thrown
@@ -22,6 +26,32 @@ def test_outages_are_told_from_poison() -> None:
     assert is_outage(Exception("ServiceUnavailableError: the Kafka broker did not answer"))
     assert not is_outage(Exception(RELAYED))
     assert not is_outage(Exception("KappaError: transform() returned a row with a null key"))
+
+
+@pytest.mark.parametrize("error", [
+    errors.QueryCanceled("canceling statement due to statement timeout"),
+    errors.ProgramLimitExceeded("index row requires 60016 bytes, maximum size is 8191"),
+    errors.LockNotAvailable("could not obtain lock on row in relation \"runs\""),
+    errors.SerializationFailure("could not serialize access due to concurrent update"),
+    errors.DeadlockDetected("deadlock detected"),
+    errors.UniqueViolation("duplicate key value violates unique constraint"),
+])
+def test_what_postgres_answers_about_a_batch_is_not_an_outage(error: psycopg.Error) -> None:
+    # Each of these fails every try of the batch the same way: the poison rule must see it.
+    assert not is_outage(error)
+
+
+@pytest.mark.parametrize("error", [
+    psycopg.OperationalError("connection failed: Connection refused"),
+    psycopg.InterfaceError("the connection is closed"),
+    errors.AdminShutdown("terminating connection due to administrator command"),
+    errors.CannotConnectNow("the database system is starting up"),
+    errors.TooManyConnections("sorry, too many clients already"),
+    errors.DiskFull("could not extend file"),
+    errors.ConnectionFailure("connection failure"),
+])
+def test_a_server_that_cannot_serve_now_is_an_outage(error: psycopg.Error) -> None:
+    assert is_outage(error)
 
 
 def test_a_poison_batch_names_its_offsets_the_error_and_the_remedy() -> None:
