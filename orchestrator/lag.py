@@ -173,7 +173,8 @@ class LagSample:
     at: float  # seconds since the epoch
     processed: int  # offsets processed, summed over partitions
     log_end: int  # log end offsets, summed over partitions
-    lag_seconds: float  # age of the oldest unprocessed record; 0 when caught up
+    lag_seconds: float | None  # age of the oldest unprocessed record; 0 when caught up;
+    # None when a partition behind had no timestamp to read (unknown, never small)
     driver_alive: bool
 
     @property
@@ -185,7 +186,8 @@ class LagSample:
 class Thresholds:
     window_s: float = 30.0  # longer than a catch-up batch, or every batch looks like a stall
     caught_up_records: int = 0
-    caught_up_seconds: float = 5.0
+    caught_up_seconds: float = 5.0  # counts only within max_lag_records (settings)
+    max_lag_records: int = 1000
 
 
 def window(samples: Sequence[LagSample], window_s: float) -> list[LagSample]:
@@ -230,8 +232,11 @@ def evaluate(samples: Sequence[LagSample], limits: Thresholds) -> LagState:
     covers = recent[-1].at - recent[0].at >= limits.window_s * 0.99
 
     def within(s: LagSample) -> bool:
-        return (s.lag_records <= limits.caught_up_records
-                or s.lag_seconds <= limits.caught_up_seconds)
+        if s.lag_records <= limits.caught_up_records:
+            return True
+        # A time lag alone never says caught up: it is unknown when no timestamp was read.
+        return (s.lag_records <= limits.max_lag_records and s.lag_seconds is not None
+                and s.lag_seconds <= limits.caught_up_seconds)
 
     if within(last) and (not covers or all(within(s) for s in recent)):
         # A short history that is within limits counts: a fresh version that is done is done.

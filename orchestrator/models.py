@@ -195,7 +195,8 @@ class PartitionLag:
     log_end: int
     processed: int  # next offset to read
     lag_records: int
-    lag_seconds: float  # age of the oldest unprocessed record; 0 when caught up
+    lag_seconds: float | None  # age of the oldest unprocessed record; 0 when caught up, None
+    # when unknown (no timestamp could be read)
 
     def to_json(self) -> dict[str, object]:
         return {"topic": self.topic, "partition": self.partition, "log_start": self.log_start,
@@ -215,6 +216,7 @@ class VersionLag:
     produce_rate: float
     eta_seconds: float | None  # None: not converging
     partitions: tuple[PartitionLag, ...]
+    reason: str | None = None  # why a stalled version makes no progress (the driver's error)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -222,5 +224,5 @@ class VersionLag:
             "run_state": self.run_state.value, "lag_records": self.lag_records,
             "lag_seconds": self.lag_seconds, "processing_rate": self.processing_rate,
             "produce_rate": self.produce_rate, "eta_seconds": self.eta_seconds,
-            "partitions": [p.to_json() for p in self.partitions],
+            "partitions": [p.to_json() for p in self.partitions], "reason": self.reason,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -144,14 +145,13 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
     partitions = tuple(
         PartitionLag(topic=t, partition=p, log_start=start, log_end=end,
                      processed=position[(t, p)], lag_records=max(0, end - position[(t, p)]),
-                     lag_seconds=round(max(0.0, now - stamps[(t, p)] / 1000), 3)
-                     if (t, p) in stamps else 0.0)
+                     lag_seconds=_age(now, stamps.get((t, p)), behind=(t, p) in behind))
         for (t, p), (start, end) in sorted(bounds.items())
     )
     alive = run.state.is_active and _driver_alive(run, now, settings.heartbeat_interval_s)
     sample = LagSample(at=now, processed=sum(p.processed for p in partitions),
                        log_end=sum(p.log_end for p in partitions),
-                       lag_seconds=max((p.lag_seconds for p in partitions), default=0.0),
+                       lag_seconds=_oldest(p.lag_seconds for p in partitions),
                        driver_alive=alive)
     with conn.transaction():
         lag_history.add_sample(conn, schema, version.id, sample)
@@ -162,8 +162,10 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
         # A driver still starting Spark, or still on its first batch, has nothing to show yet:
         # that is not a stall (unless it takes far longer than a start ever should).
         state = evaluate(history, limits)
-        if state == LagState.STALLED and (_starting(conn, schema, version, run, now)
-                                          or _busy(run, now, settings.heartbeat_interval_s)):
+        retrying = _retrying(run)
+        if state == LagState.STALLED and not retrying and (
+                _starting(conn, schema, version, run, now)
+                or _busy(run, now, settings.heartbeat_interval_s)):
             state = LagState.CATCHING_UP
         processing, produce = rates(window(history, limits.window_s))
         if state == LagState.STOPPED:
@@ -175,7 +177,7 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
         lag_records=sample.lag_records, lag_seconds=sample.lag_seconds,
         processing_rate=round(processing, 1), produce_rate=round(produce, 1),
         eta_seconds=_rounded(eta_seconds(sample.lag_records, processing, produce)),
-        partitions=partitions,
+        partitions=partitions, reason=retrying if state == LagState.STALLED else None,
     )
 
 
@@ -203,6 +205,31 @@ def _starting(conn: psycopg.Connection, schema: str, version: DeployedVersion, r
         sql.SQL("SELECT 1 FROM {} WHERE version_id = %s AND attempt = %s LIMIT 1").format(
             qualified(schema, "batches")), (version.id, run.attempt)).fetchone()
     return applied is None
+
+
+def _age(now: float, timestamp_ms: int | None, *, behind: bool) -> float | None:
+    """Seconds since the oldest unprocessed record was written: 0 with nothing to process,
+    None when the broker gave no timestamp for it (unknown is not small)."""
+    if not behind:
+        return 0.0
+    if timestamp_ms is None:
+        return None
+    return round(max(0.0, now - timestamp_ms / 1000), 3)
+
+
+def _oldest(ages: Iterable[float | None]) -> float | None:
+    known = list(ages)
+    if any(age is None for age in known):
+        return None
+    return max((age for age in known if age is not None), default=0.0)
+
+
+def _retrying(run: RunRecord) -> str | None:
+    """The driver's last error while it restarts its query again and again: a version that
+    makes no progress then is stalled, whether or not its batch still looks busy."""
+    if run.state.is_active and run.reason and run.reason.startswith("retrying after"):
+        return run.reason
+    return None
 
 
 def _rounded(value: float | None) -> float | None:

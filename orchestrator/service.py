@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -444,7 +444,7 @@ class Orchestrator:
             limits: Thresholds | None = None) -> list[VersionLag]:
         """Measure every (or one) version's lag now, and judge its state from the history."""
         s = self.settings
-        limits = limits or Thresholds()
+        limits = replace(limits or Thresholds(), max_lag_records=s.max_lag_records)
         with self._catalog() as conn:
             if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
                 raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")

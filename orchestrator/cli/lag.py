@@ -25,7 +25,7 @@ def render(lags: list[VersionLag], partitions: bool) -> str:
         [_row(lg) for lg in lags])
     if partitions:
         rows = [[lg.job, lg.version, p.topic, p.partition, p.log_start, p.log_end, p.processed,
-                 p.lag_records, f"{p.lag_seconds:.1f}"] for lg in lags for p in lg.partitions]
+                 p.lag_records, _seconds(p.lag_seconds)] for lg in lags for p in lg.partitions]
         text += "\n\n" + table(["job", "version", "topic", "partition", "log start", "log end",
                                 "processed", "lag records", "lag seconds"], rows)
     return text
@@ -36,9 +36,13 @@ def _row(lg: VersionLag) -> list[object]:
         # The log it read is gone: no figure against the log there now would mean anything.
         return [lg.job, lg.version, lg.state, "-", "-", "-", "-", "-",
                 "log gone (`kappa status`)"]
-    return [lg.job, lg.version, lg.state, f"{lg.lag_records:,}", f"{lg.lag_seconds or 0:.1f}",
+    return [lg.job, lg.version, lg.state, f"{lg.lag_records:,}", _seconds(lg.lag_seconds),
             f"{lg.processing_rate:,.0f}", f"{lg.produce_rate:,.0f}",
             _eta(lg.eta_seconds, lg.lag_records), _bar(lg)]
+
+
+def _seconds(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.1f}"
 
 
 def _bar(lg: VersionLag, width: int = 20) -> str:

@@ -117,8 +117,10 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
         family = _gauge(name, doc, PARTITION_LABELS)
         for lag in lags:
             for p in lag.partitions:
-                family.add_metric([lag.job, lag.version, p.topic, str(p.partition)],
-                                  float(getattr(p, attr)))
+                figure = getattr(p, attr)
+                if figure is not None:  # unknown is no series, never 0
+                    family.add_metric([lag.job, lag.version, p.topic, str(p.partition)],
+                                      float(figure))
         yield family
     per_version: dict[str, tuple[str, Callable[[VersionLag], float | None]]] = {
         "lag_records": ("Records behind the log end, all partitions", lambda v: v.lag_records),

@@ -271,7 +271,7 @@ class Driver:
             # Versions deployed before stage tables existed get theirs now.
             create_stage(self.conn, s.data_schema, self.version.spec)
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
-        self.start_offsets = self._resume_point(checkpoint)
+        self.start_offsets = self._wait_out_outages(lambda: self._resume_point(checkpoint))
         with self.conn.transaction():
             self.quarantine = runs.quarantine_batch(self.conn, s.catalog_schema,
                                                     self.version.id)
@@ -327,6 +327,24 @@ class Driver:
                 raise
             # The next tick measures again; the query itself is not at fault.
             log.warning("cannot measure the lag (%s)", str(exc).splitlines()[0][:300])
+
+    def _wait_out_outages(self, step: Callable[[], Offsets]) -> Offsets:
+        """Run ``step`` until no outage stops it: a broker that comes up after the drivers (a
+        host's reboot) is waited for, however long, as it is once the query runs."""
+        retries = 0
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                retries += 1
+                delay = _BACKOFF_S[min(retries, len(_BACKOFF_S)) - 1]
+                log.warning("cannot start yet (unreachable service: %s); trying again in %ds "
+                            "(retry %d)", root_cause(exc), delay, retries)
+                self._note_retry(f"retrying after unreachable service at the start: "
+                                 f"{root_cause(exc)}")
+                time.sleep(delay)
 
     def _resume_point(self, checkpoint: Checkpoint) -> Offsets:
         """Where the first batch of a new checkpoint starts, and a refusal when the log or the

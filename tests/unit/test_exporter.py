@@ -102,3 +102,27 @@ def test_alias_target_split_and_switches() -> None:
     assert got[f'kappa_alias_split_percent{{{base},version="v2"}}'] == 10
     assert got[f'kappa_alias_target{{{base},version="v3"}}'] == 0
     assert got[f'kappa_alias_switches_total{{{base}}}'] == 3
+
+
+def test_an_unknown_time_lag_is_no_series_never_zero() -> None:
+    part = PartitionLag("pageviews", 0, 0, 100, 40, 60, None)
+    lag = VersionLag("pageview_counts", "v2", "stalled", RunState.LIVE, 60, None, 0.0, 0.0,
+                     None, (part,), reason="retrying after unreachable service: ...")
+    sampler = Sampler(take=lambda: Snapshot((lag,), (), time.time()))
+    sampler.refresh()
+    got = _scrape(sampler)
+    assert not [k for k in got if k.startswith(("kappa_lag_seconds", "kappa_partition_lag_sec"))]
+    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
+    assert lag.to_json()["lag_seconds"] is None
+    assert lag.to_json()["partitions"][0]["lag_seconds"] is None  # type: ignore[index]
+
+
+def test_a_partition_behind_without_a_timestamp_has_an_unknown_age() -> None:
+    from orchestrator.monitor import _age, _oldest
+
+    assert _age(1000.0, None, behind=False) == 0.0
+    assert _age(1000.0, None, behind=True) is None
+    assert _age(1000.0, 990_000, behind=True) == 10.0
+    assert _oldest([0.0, 3.5]) == 3.5
+    assert _oldest([0.0, None, 3.5]) is None
+    assert _oldest([]) == 0.0

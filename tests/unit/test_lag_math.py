@@ -48,3 +48,21 @@ def test_stall_needs_a_whole_window() -> None:
 
 def test_small_time_lag_counts_as_caught_up() -> None:
     assert evaluate(_series([(95, 100)] * 8, lag_s=1.0), LIMITS) is LagState.CAUGHT_UP
+
+
+def test_a_time_lag_alone_never_gives_caught_up() -> None:
+    # Seen on the durable stack: 990,000 records behind, "0 s" because no timestamp could be
+    # read, judged caught up. The record lag must be within max_lag_records as well.
+    behind = [(10_000, 1_000_000)] * 8
+    assert evaluate(_series(behind, lag_s=0.0), LIMITS) is not LagState.CAUGHT_UP
+    assert evaluate(_series(behind, lag_s=0.0), LIMITS) is LagState.STALLED
+    near = Thresholds(window_s=10.0, caught_up_seconds=5.0, max_lag_records=10)
+    assert evaluate(_series([(95, 100)] * 8, lag_s=1.0), near) is LagState.CAUGHT_UP
+    assert evaluate(_series([(85, 100)] * 8, lag_s=1.0), near) is LagState.STALLED
+
+
+def test_an_unknown_time_lag_is_not_a_small_one() -> None:
+    samples = [LagSample(at=1000 + i * 2.0, processed=95, log_end=100, lag_seconds=None,
+                         driver_alive=True) for i in range(8)]
+    assert evaluate(samples, LIMITS) is LagState.STALLED
+    assert samples[-1].lag_records == 5

@@ -1,0 +1,102 @@
+"""A broker that is down while drivers start (a host's reboot where the broker comes up last):
+the drivers that `kappa restart` and the agent start wait for it, however long, and the
+versions resume by themselves when it is back. None is recorded failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from contextlib import suppress
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from psycopg import sql
+
+from conftest import job_file, wait_until
+from integration.helpers import output, stop_drivers
+from integration.observability import agent
+from reference import compute
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+OUTAGE_S = 90
+
+
+def _runs(settings) -> dict[str, tuple[str, int, str | None]]:
+    """version -> (state, attempt, reason), from the catalog alone (the broker is away)."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL(
+            "SELECT v.version, r.state, r.attempt, r.reason FROM {}.runs r JOIN {}.job_versions "
+            "v ON v.id = r.version_id").format(sql.Identifier(settings.catalog_schema),
+                                               sql.Identifier(settings.catalog_schema))
+        ).fetchall()
+    return {version: (state, attempt, reason) for version, state, attempt, reason in rows}
+
+
+def test_drivers_started_while_the_broker_is_down_wait_for_it(tmp_path: Path) -> None:
+    from orchestrator.dev import stack as dev_stack
+    from orchestrator.service import Orchestrator
+    from orchestrator.settings import Settings
+
+    # A stack of its own: the test takes its broker away. Suspended, not killed, so that its
+    # log (in memory) is there when it comes back.
+    state = Path(tempfile.mkdtemp(prefix="kappa-start-outage-"))
+    up = dev_stack.up(state, memory=True)
+    settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
+                        spark_driver_memory="768m", heartbeat_interval_s=1.0)
+    service = Orchestrator(settings)
+    topic = "pageviews"
+    broker = psutil.Process(json.loads((state / "dev" / "stack.json").read_text())["broker_pid"])
+    try:
+        service.produce_sample(topic, 4_000, seed=95)
+        for version in ("v1", "v2"):
+            service.deploy(job_file(tmp_path, version, topic))
+        for version in ("v1", "v2"):
+            service.wait(JOB, version, timeout_s=240)
+        service.stop(JOB, "v1")
+        with agent(replace(settings), tmp_path, "--interval", "1"):
+            broker.suspend()
+            began = time.monotonic()
+            try:
+                service.restart(JOB, "v1")  # `kappa restart` while the broker is down
+                driver = service.version_status(JOB, "v2").pid
+                assert driver
+                os.killpg(driver, signal.SIGKILL)  # the agent restarts it, broker still down
+                wait_until(lambda: _runs(settings)["v2"][1] == 2, 120,
+                           "the agent to restart v2's driver")
+
+                def outage_over() -> bool:
+                    runs = _runs(settings)
+                    for version in ("v1", "v2"):
+                        run_state, _, reason = runs[version]
+                        assert run_state in ("starting", "replaying", "caught_up", "live"), \
+                            f"{version} is {run_state}: {reason}"
+                    return time.monotonic() - began >= OUTAGE_S
+
+                wait_until(outage_over, OUTAGE_S + 60, "the end of the broker outage",
+                           poll_s=1.0)
+                runs = _runs(settings)
+                assert all("unreachable service" in (runs[v][2] or "") for v in ("v1", "v2")), \
+                    runs
+            finally:
+                broker.resume()
+            ref = compute(settings.kafka_bootstrap, topic)
+            for version, table, expected in (("v1", f"{JOB}__v1", ref.v1),
+                                             ("v2", f"{JOB}__v2", ref.v2)):
+                assert service.wait(JOB, version, timeout_s=240).attempt == 2
+                assert output(settings, table) == expected
+    finally:
+        with suppress(psutil.Error):
+            broker.resume()
+        try:
+            stop_drivers(service)
+        finally:
+            dev_stack.down(state)
+            shutil.rmtree(state, ignore_errors=True)
