@@ -18,6 +18,7 @@ from orchestrator import monitor
 from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import aliases as alias_rows
 from orchestrator.catalog import events, output, runs, versions
+from orchestrator.catalog.batches import gap_to_new_log
 from orchestrator.catalog.db import connect, open_connection
 from orchestrator.catalog.migrations import migrate
 from orchestrator.determinism import replay_hazards
@@ -280,11 +281,8 @@ class Orchestrator:
         aside = set_aside_local(v.checkpoint_dir, f"before-gap-{int(time.time())}")
         with conn.transaction():
             for m in mismatches:
-                conn.execute(
-                    psycopg.sql.SQL("UPDATE {}.processed_offsets SET next_offset = %s "
-                                    "WHERE version_id = %s AND topic = %s AND partition = %s")
-                    .format(psycopg.sql.Identifier(s.catalog_schema)),
-                    (m.log_start, v.id, m.topic, m.partition))
+                gap_to_new_log(conn, s.catalog_schema, v.id, m.topic, m.partition,
+                               m.log_start, recreated=m.recreated)
             events.record(conn, s.catalog_schema, "gap", job=v.job, version=v.version,
                           partitions=[{"topic": m.topic, "partition": m.partition,
                                        "processed": m.processed, "log_start": m.log_start,

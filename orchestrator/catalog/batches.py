@@ -331,16 +331,22 @@ def _move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schem
     values, params = _values(ranges)
     stage = qualified(catalog_schema, "dead_letter_stage")
     columns = sql.SQL(", ").join(map(sql.Identifier, DEAD_LETTER_COLUMNS))
+    # Each dead letter carries its partition's log epoch: a log recreated under the version
+    # repeats the old one's offsets, and its dead letters must not be taken for the old ones.
     moved = conn.execute(sql.SQL(
-        "INSERT INTO {dlq} ({cols}) SELECT DISTINCT ON (s.topic, s.partition, s.\"offset\") "
-        "{s_cols} FROM {stage} s JOIN (VALUES {values}) r(topic, partition, lo, hi) "
-        "ON s.topic = r.topic AND s.partition = r.partition AND s.\"offset\" >= r.lo "
-        "AND s.\"offset\" < r.hi WHERE s.version_id = %s "
+        "INSERT INTO {dlq} ({cols}, log_epoch) "
+        "SELECT DISTINCT ON (s.topic, s.partition, s.\"offset\") {s_cols}, "
+        "coalesce(p.log_epoch, 0) FROM {stage} s JOIN (VALUES {values}) r(topic, partition, lo, "
+        "hi) ON s.topic = r.topic AND s.partition = r.partition AND s.\"offset\" >= r.lo "
+        "AND s.\"offset\" < r.hi LEFT JOIN {processed} p ON p.version_id = s.version_id "
+        "AND p.topic = s.topic AND p.partition = s.partition WHERE s.version_id = %s "
         "ORDER BY s.topic, s.partition, s.\"offset\" ON CONFLICT DO NOTHING"
     ).format(dlq=qualified(data_schema, version.dead_letter_table), cols=columns,
              s_cols=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c))
                                        for c in DEAD_LETTER_COLUMNS),
-             stage=stage, values=values), [*params, version.id]).rowcount
+             stage=stage, values=values,
+             processed=qualified(catalog_schema, "processed_offsets")),
+        [*params, version.id]).rowcount
     conn.execute(sql.SQL(
         "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
         "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
@@ -351,6 +357,22 @@ def _move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schem
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
+def gap_to_new_log(conn: psycopg.Connection, schema: str, version_id: int, topic: str,
+                   partition: int, log_start: int, *, recreated: bool) -> None:
+    """Move a partition's position to its log start (``kappa restart --allow-gap``). A
+    recreated log starts a new log epoch, and what the old log's reads staged is dropped: its
+    offsets would be taken for the new log's."""
+    conn.execute(sql.SQL(
+        "UPDATE {} SET next_offset = %s, log_epoch = log_epoch + %s WHERE version_id = %s "
+        "AND topic = %s AND partition = %s").format(qualified(schema, "processed_offsets")),
+        (log_start, 1 if recreated else 0, version_id, topic, partition))
+    if recreated:
+        for stage in ("dead_letter_stage", "read_stage"):
+            conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s AND topic = %s "
+                                 "AND partition = %s").format(qualified(schema, stage)),
+                         (version_id, topic, partition))
 
 
 def _store_offsets(conn: psycopg.Connection, schema: str, version_id: int, end: Offsets) -> None:

@@ -27,9 +27,28 @@ def create_tables(conn: psycopg.Connection, data_schema: str, spec: JobSpec, out
     conn.execute(sql.SQL(
         "CREATE TABLE IF NOT EXISTS {} (topic text NOT NULL, partition integer NOT NULL, "
         "\"offset\" bigint NOT NULL, timestamp_ms bigint, key bytea, raw bytea, "
-        "error text NOT NULL, PRIMARY KEY (topic, partition, \"offset\"))"
+        "error text NOT NULL, log_epoch integer NOT NULL DEFAULT 0, "
+        "PRIMARY KEY (topic, partition, \"offset\", log_epoch))"
     ).format(qualified(data_schema, dead_letter_table)))
     create_stage(conn, data_schema, spec)
+
+
+def upgrade_dead_letters(conn: psycopg.Connection, data_schema: str, dead_letter_table: str
+                         ) -> None:
+    """Key a dead-letter table made before log epochs by (topic, partition, offset, log_epoch),
+    so that a new log's dead letters at the old log's offsets are kept. Once per table."""
+    table = qualified(data_schema, dead_letter_table)
+    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS log_epoch integer NOT NULL "
+                         "DEFAULT 0").format(table))
+    row = conn.execute(
+        "SELECT c.conname, 'log_epoch' = ANY(ARRAY(SELECT a.attname FROM pg_attribute a "
+        "WHERE a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey))) FROM pg_constraint c "
+        "WHERE c.conrelid = to_regclass(%s) AND c.contype = 'p'",
+        (table.as_string(conn),)).fetchone()
+    if row is not None and not row[1]:
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}, ADD PRIMARY KEY "
+                             "(topic, partition, \"offset\", log_epoch)").format(
+            table, sql.Identifier(row[0])))
 
 
 def create_stage(conn: psycopg.Connection, data_schema: str, spec: JobSpec) -> None:

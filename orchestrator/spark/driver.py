@@ -24,7 +24,7 @@ import psycopg
 
 from orchestrator.catalog import events, runs, versions
 from orchestrator.catalog.batches import Mover, StaleDriverError, apply_batch, prune
-from orchestrator.catalog.output import create_stage
+from orchestrator.catalog.output import create_stage, upgrade_dead_letters
 from orchestrator.errors import JobFileError, KappaError
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka.groups import GroupMirror
@@ -172,7 +172,8 @@ class BatchCommit:
             raise JobError(f"{v.job} {v.version} is a stream job: its records pass through its "
                            "state and cannot be re-run one range at a time; fix the job and "
                            "redeploy it under a new VERSION")
-        quarantine = Quarantine(data_schema=s.data_schema, version=v, batch_id=batch_id, df=df,
+        quarantine = Quarantine(catalog_schema=s.catalog_schema, data_schema=s.data_schema,
+                                version=v, batch_id=batch_id, df=df,
                                 start=start, end=end, stage=self._stage, kafka=self.kafka)
 
         def move(conn: psycopg.Connection) -> tuple[int, int]:
@@ -268,8 +269,9 @@ class Driver:
         except JobFileError as exc:
             raise JobError(str(exc)) from exc
         with self.conn.transaction():
-            # Versions deployed before stage tables existed get theirs now.
+            # Versions deployed before stage tables (and log epochs) existed get them now.
             create_stage(self.conn, s.data_schema, self.version.spec)
+            upgrade_dead_letters(self.conn, s.data_schema, self.version.dead_letter_table)
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
         self.start_offsets = self._wait_out_outages(lambda: self._resume_point(checkpoint))
         with self.conn.transaction():

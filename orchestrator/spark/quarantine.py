@@ -37,8 +37,10 @@ Range = tuple[str, int, int, int]  # topic, partition, first offset, end (exclus
 class Quarantine:
     """The mover (see ``apply_batch``) of one quarantined batch."""
 
-    def __init__(self, *, data_schema: str, version: DeployedVersion, batch_id: int, df: Any,
-                 start: Offsets, end: Offsets, stage: Callable[[Any], str], kafka: Kafka):
+    def __init__(self, *, catalog_schema: str, data_schema: str, version: DeployedVersion,
+                 batch_id: int, df: Any, start: Offsets, end: Offsets,
+                 stage: Callable[[Any], str], kafka: Kafka):
+        self.catalog_schema = catalog_schema
         self.data_schema, self.version, self.batch_id = data_schema, version, batch_id
         self.df, self.stage, self.kafka = df, stage, kafka
         self.ranges: list[Range] = [
@@ -116,15 +118,20 @@ class Quarantine:
                                                  offset + 1, group) for r in batch]
             _, timestamp_ms, key, raw = records[0] if records else (offset, None, None, None)
             rows.append((topic, partition, offset, timestamp_ms, key, raw,
-                         f"quarantined: {error}"))
+                         f"quarantined: {error}", self.version.id, topic, partition))
         if rows:
+            # The partition's log epoch, as for every dead letter (see batches.gap_to_new_log).
+            epoch = sql.SQL("(SELECT coalesce(max(log_epoch), 0) FROM {} WHERE version_id = %s "
+                            "AND topic = %s AND partition = %s)").format(
+                qualified(self.catalog_schema, "processed_offsets"))
             with conn.cursor() as cur:
-                cur.executemany(sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING")
+                cur.executemany(sql.SQL("INSERT INTO {} ({}, log_epoch) VALUES ({}, {}) "
+                                        "ON CONFLICT DO NOTHING")
                                 .format(qualified(self.data_schema, self.version.dead_letter_table),
                                         sql.SQL(", ").join(map(sql.Identifier,
                                                                DEAD_LETTER_COLUMNS)),
                                         sql.SQL(", ").join(sql.Placeholder()
-                                                           for _ in DEAD_LETTER_COLUMNS)),
+                                                           for _ in DEAD_LETTER_COLUMNS), epoch),
                                 rows)
 
 

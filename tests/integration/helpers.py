@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -60,3 +68,38 @@ def stop_drivers(service: Any) -> None:
     for status in service.status():
         if status.pid:
             launcher.terminate(status.pid, None, grace_s=2)
+
+
+@dataclass(frozen=True)
+class OwnStack:
+    state: Path
+    settings: Any
+    service: Any
+    broker: psutil.Process
+
+
+@contextmanager
+def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
+    """A stack of the test's own, for a test that takes its services away; on exit its
+    broker is resumed if suspended, its drivers stopped and the stack removed."""
+    from orchestrator.dev import stack as dev_stack
+    from orchestrator.service import Orchestrator
+    from orchestrator.settings import Settings
+
+    # mkdtemp, not tmp_path: the embedded server runs as another user (see conftest.stack).
+    state = Path(tempfile.mkdtemp(prefix=prefix))
+    up = dev_stack.up(state, memory=memory)
+    settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
+                        spark_driver_memory="768m", heartbeat_interval_s=1.0)
+    service = Orchestrator(settings)
+    broker = psutil.Process(json.loads((state / "dev" / "stack.json").read_text())["broker_pid"])
+    try:
+        yield OwnStack(state, settings, service, broker)
+    finally:
+        with suppress(psutil.Error):
+            broker.resume()
+        try:
+            stop_drivers(service)
+        finally:
+            dev_stack.down(state)
+            shutil.rmtree(state, ignore_errors=True)

@@ -7,24 +7,20 @@ the version's run row, which every commit takes first, and acts once the driver 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
 import psycopg
 import pytest
 from psycopg import sql
 
 from conftest import job_file, wait_until
-from integration.helpers import assert_batches_tile_the_log, dead_letters, output, stop_drivers
+from integration.helpers import assert_batches_tile_the_log, dead_letters, output, own_stack
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -73,20 +69,15 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
 ) -> None:
     from orchestrator.dev import stack as dev_stack
     from orchestrator.service import Orchestrator
-    from orchestrator.settings import Settings
     from orchestrator.spark import launcher
 
     # A stack of its own: this test takes its services away. Its log in memory: the chaos is in
     # the processes, and the durable log's own crashes are test_dev_stack's.
-    state = Path(tempfile.mkdtemp(prefix="kappa-chaos-"))
-    up = dev_stack.up(state, memory=True)
-    settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
-                        spark_driver_memory="768m", heartbeat_interval_s=1.0)
-    settings = replace(settings, max_batch_records=5_000, chunk_records=2_500)
-    service = Orchestrator(settings)
-    topic = "pageviews"
-    broker = psutil.Process(json.loads((state / "dev" / "stack.json").read_text())["broker_pid"])
-    try:
+    with own_stack("kappa-chaos-") as stack:
+        state, broker = stack.state, stack.broker
+        settings = replace(stack.settings, max_batch_records=5_000, chunk_records=2_500)
+        service = Orchestrator(settings)
+        topic = "pageviews"
         service.produce_sample(topic, 20_000, seed=91)
         service.deploy(job_file(tmp_path, "v1", topic))
         service.wait(JOB, "v1", timeout_s=300)
@@ -121,14 +112,6 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
                        "the dead driver to be noticed")
             service.restart(JOB, "v1")
             _exact(settings, service, topic, f"round {round_}: driver killed mid-commit")
-    finally:
-        with suppress(psutil.Error):
-            broker.resume()
-        try:
-            stop_drivers(service)
-        finally:
-            dev_stack.down(state)
-            shutil.rmtree(state, ignore_errors=True)
 
 
 def _ride_out_broker_outage(settings, service) -> None:

@@ -4,23 +4,17 @@ versions resume by themselves when it is back. None is recorded failed."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
-import tempfile
 import time
-from contextlib import suppress
-from dataclasses import replace
 from pathlib import Path
 
-import psutil
 import psycopg
 import pytest
 from psycopg import sql
 
 from conftest import job_file, wait_until
-from integration.helpers import output, stop_drivers
+from integration.helpers import output, own_stack
 from integration.observability import agent
 from reference import compute
 
@@ -41,27 +35,18 @@ def _runs(settings) -> dict[str, tuple[str, int, str | None]]:
 
 
 def test_drivers_started_while_the_broker_is_down_wait_for_it(tmp_path: Path) -> None:
-    from orchestrator.dev import stack as dev_stack
-    from orchestrator.service import Orchestrator
-    from orchestrator.settings import Settings
-
     # A stack of its own: the test takes its broker away. Suspended, not killed, so that its
     # log (in memory) is there when it comes back.
-    state = Path(tempfile.mkdtemp(prefix="kappa-start-outage-"))
-    up = dev_stack.up(state, memory=True)
-    settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
-                        spark_driver_memory="768m", heartbeat_interval_s=1.0)
-    service = Orchestrator(settings)
-    topic = "pageviews"
-    broker = psutil.Process(json.loads((state / "dev" / "stack.json").read_text())["broker_pid"])
-    try:
+    with own_stack("kappa-start-outage-") as stack:
+        settings, service, broker = stack.settings, stack.service, stack.broker
+        topic = "pageviews"
         service.produce_sample(topic, 4_000, seed=95)
         for version in ("v1", "v2"):
             service.deploy(job_file(tmp_path, version, topic))
         for version in ("v1", "v2"):
             service.wait(JOB, version, timeout_s=240)
         service.stop(JOB, "v1")
-        with agent(replace(settings), tmp_path, "--interval", "1"):
+        with agent(settings, tmp_path, "--interval", "1"):
             broker.suspend()
             began = time.monotonic()
             try:
@@ -92,11 +77,3 @@ def test_drivers_started_while_the_broker_is_down_wait_for_it(tmp_path: Path) ->
                                              ("v2", f"{JOB}__v2", ref.v2)):
                 assert service.wait(JOB, version, timeout_s=240).attempt == 2
                 assert output(settings, table) == expected
-    finally:
-        with suppress(psutil.Error):
-            broker.resume()
-        try:
-            stop_drivers(service)
-        finally:
-            dev_stack.down(state)
-            shutil.rmtree(state, ignore_errors=True)
