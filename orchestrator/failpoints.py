@@ -13,7 +13,8 @@ is used up the point is off. Actions:
 - ``off``: nothing;
 - ``exit``: end the process at once with status 86 (no clean-up, no state recorded: like
   SIGKILL or the out-of-memory killer);
-- ``raise``: raise :class:`FailPointError`.
+- ``raise``: raise :class:`FailPointError`;
+- ``sleep(MS)``: pause this thread for MS milliseconds (to hold a window open for a test).
 
 The launcher passes its environment to drivers, so a test sets the variable for the deploy or
 restart whose driver should fail, and a later restart without it runs clean.
@@ -21,20 +22,24 @@ restart whose driver should fail, and a later restart without it runs clean.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from orchestrator.errors import ConfigError, KappaError
 
+log = logging.getLogger("kappa.failpoints")
 ENV = "KAPPA_FAIL_POINTS"
 EXIT_STATUS = 86
-ACTIONS = ("off", "exit", "raise")
+ACTIONS = ("off", "exit", "raise", "sleep")
 # Every point the code checks: a name outside this list is a typo in a test.
 POINTS = (
     "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
     "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
     "driver.measure_lag",  # the driver asks how far behind the log end it is
+    "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
 )
 
 
@@ -46,6 +51,7 @@ class FailPointError(KappaError):
 class Term:
     action: str
     count: int | None  # None: for ever
+    milliseconds: int = 0  # of a sleep
 
 
 def parse(text: str) -> dict[str, tuple[Term, ...]]:
@@ -62,10 +68,15 @@ def parse(text: str) -> dict[str, tuple[Term, ...]]:
 
 def _term(text: str, item: str) -> Term:
     count_text, star, action = text.rpartition("*")
-    if action not in ACTIONS or (star and not count_text.isdigit()):
+    action, paren, argument = action.partition("(")
+    milliseconds = argument.removesuffix(")")
+    if action not in ACTIONS or (star and not count_text.isdigit()) \
+            or bool(paren) != (action == "sleep") \
+            or (paren and not (argument.endswith(")") and milliseconds.isdigit())):
         raise ConfigError(f"{ENV}: {item!r}: each term is [COUNT*]ACTION with ACTION one of "
-                          f"{', '.join(ACTIONS)}; fix or unset {ENV}")
-    return Term(action, int(count_text) if star else None)
+                          f"off, exit, raise, sleep(MS); fix or unset {ENV}")
+    return Term(action, int(count_text) if star else None,
+                int(milliseconds) if paren else 0)
 
 
 class _Registry:
@@ -75,24 +86,25 @@ class _Registry:
         self._points: dict[str, tuple[Term, ...]] = {}
         self._hits: dict[str, int] = {}
 
-    def action(self, name: str) -> str:
+    def action(self, name: str) -> Term:
         text = os.environ.get(ENV, "")
         with self._lock:
             if text != self._source:
                 self._points, self._hits, self._source = parse(text), {}, text
             terms = self._points.get(name)
             if not terms:
-                return "off"
+                return _OFF
             hit = self._hits.get(name, 0)
             self._hits[name] = hit + 1
             for term in terms:
                 if term.count is None or hit < term.count:
-                    return term.action
+                    return term
                 hit -= term.count
-            return "off"
+            return _OFF
 
 
 _REGISTRY = _Registry()
+_OFF = Term("off", None)
 
 
 def fail_point(name: str) -> None:
@@ -101,8 +113,11 @@ def fail_point(name: str) -> None:
         raise ValueError(f"unknown fail point {name!r}")
     if ENV not in os.environ:
         return
-    action = _REGISTRY.action(name)
-    if action == "exit":
+    term = _REGISTRY.action(name)
+    if term.action == "exit":
         os._exit(EXIT_STATUS)
-    if action == "raise":
+    if term.action == "raise":
         raise FailPointError(f"fail point {name} ({ENV})")
+    if term.action == "sleep":
+        log.warning("fail point %s: sleeping %d ms (%s)", name, term.milliseconds, ENV)
+        time.sleep(term.milliseconds / 1000)

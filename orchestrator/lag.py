@@ -98,6 +98,7 @@ class LogMismatch:
     log_start: int
     log_end: int
     replaced: bool = False  # the topic's id says it is another log, whatever its offsets
+    added: bool = False  # a partition the version never read, added to the topic since
 
     @property
     def recreated(self) -> bool:
@@ -113,6 +114,9 @@ class LogMismatch:
         if self.recreated:
             return (f"{where} ends at offset {self.log_end} but the version processed up to "
                     f"{self.processed} (the topic was deleted and recreated)")
+        if self.added:
+            return (f"{where} was added to the topic and starts at offset {self.log_start}: "
+                    f"retention removed {self.log_start} offsets the version never read")
         return (f"{where} starts at offset {self.log_start} but the version processed only up "
                 f"to {self.processed} (retention removed {self.log_start - self.processed} "
                 "offsets it never read)")
@@ -121,12 +125,18 @@ class LogMismatch:
 def log_mismatches(processed: Offsets, bounds: Mapping[tuple[str, int], tuple[int, int]]
                    ) -> list[LogMismatch]:
     """Partitions where ``processed`` is outside [log start, log end]: continuing would wait for
-    offsets that will never come or skip offsets never read. Partitions missing from either side
-    are not mismatches (a new partition; a topic the version does not read)."""
+    offsets that will never come or skip offsets never read. A partition of a topic the version
+    reads that ``processed`` does not know was added since: it is read from offset 0, so a log
+    start above 0 is a gap too. A topic the version does not read is no mismatch."""
     out = []
     for (topic, partition), (first, end) in sorted(bounds.items()):
-        position = processed.get(topic, {}).get(str(partition))
-        if position is not None and not first <= position <= end:
+        if topic not in processed:
+            continue
+        position = processed[topic].get(str(partition))
+        if position is None:
+            if first > 0:
+                out.append(LogMismatch(topic, partition, 0, first, end, added=True))
+        elif not first <= position <= end:
             out.append(LogMismatch(topic, partition, position, first, end))
     return out
 

@@ -126,14 +126,10 @@ def apply_batch(
     dead-letters the records that fail): it returns (output rows changed, dead letters added)."""
     records = total_records(start, end)
     with conn.transaction():
-        run = conn.execute(
-            sql.SQL("SELECT attempt FROM {} WHERE version_id = %s FOR UPDATE")
-            .format(qualified(catalog_schema, "runs")), (version.id,)).fetchone()
-        if run is None or run[0] != attempt:
-            raise StaleDriverError(
-                f"driver attempt {attempt} of {version.job} {version.version} was replaced "
-                f"(current attempt {run[0] if run else None}); exiting"
-            )
+        # A quarantine runs Spark jobs inside the batch's transaction: it fences the attempt
+        # only after them, so that heartbeats, `kappa stop` and status reads are not blocked
+        # on the run row for its whole length (a replaced driver still cannot commit).
+        _fence(conn, catalog_schema, version, attempt, lock=move is None)
         applied = conn.execute(
             sql.SQL("SELECT 1 FROM {} WHERE version_id = %s AND batch_id = %s")
             .format(qualified(catalog_schema, "batches")), (version.id, batch_id)).fetchone()
@@ -142,6 +138,7 @@ def apply_batch(
         _check_contiguous(conn, catalog_schema, version, batch_id, start)
         if move is not None:
             output_rows, isolated = move(conn)
+            _fence(conn, catalog_schema, version, attempt, lock=True)
         elif write_id is not None:
             output_rows, isolated = move_output(conn, data_schema, version, batch_id, write_id), 0
         else:
@@ -160,6 +157,19 @@ def apply_batch(
         )
         _store_offsets(conn, catalog_schema, version.id, end)
     return BatchResult(True, records, output_rows, dead, gaps or 0)
+
+
+def _fence(conn: psycopg.Connection, schema: str, version: DeployedVersion, attempt: int, *,
+           lock: bool) -> None:
+    """Refuse the commit of a driver whose attempt was replaced; with ``lock``, hold the run
+    row until the commit, so that a restart cannot replace it in between."""
+    run = conn.execute(
+        sql.SQL("SELECT attempt FROM {} WHERE version_id = %s" + (" FOR UPDATE" if lock else ""))
+        .format(qualified(schema, "runs")), (version.id,)).fetchone()
+    if run is None or run[0] != attempt:
+        raise StaleDriverError(
+            f"driver attempt {attempt} of {version.job} {version.version} was replaced "
+            f"(current attempt {run[0] if run else None}); exiting")
 
 
 def _check_contiguous(conn: psycopg.Connection, schema: str, version: DeployedVersion,
@@ -364,10 +374,13 @@ def gap_to_new_log(conn: psycopg.Connection, schema: str, version_id: int, topic
     """Move a partition's position to its log start (``kappa restart --allow-gap``). A
     recreated log starts a new log epoch, and what the old log's reads staged is dropped: its
     offsets would be taken for the new log's."""
+    # A partition added to the topic since has no row yet.
     conn.execute(sql.SQL(
-        "UPDATE {} SET next_offset = %s, log_epoch = log_epoch + %s WHERE version_id = %s "
-        "AND topic = %s AND partition = %s").format(qualified(schema, "processed_offsets")),
-        (log_start, 1 if recreated else 0, version_id, topic, partition))
+        "INSERT INTO {t} (version_id, topic, partition, next_offset) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (version_id, topic, partition) DO UPDATE SET next_offset = "
+        "EXCLUDED.next_offset, log_epoch = {t}.log_epoch + %s").format(
+        t=qualified(schema, "processed_offsets")),
+        (version_id, topic, partition, log_start, 1 if recreated else 0))
     if recreated:
         for stage in ("dead_letter_stage", "read_stage"):
             conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s AND topic = %s "

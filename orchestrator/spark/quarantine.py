@@ -25,6 +25,7 @@ from orchestrator.catalog.batches import move_output
 from orchestrator.catalog.db import qualified
 from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
 from orchestrator.errors import KappaError
+from orchestrator.failpoints import fail_point
 from orchestrator.kafka_endpoint import Kafka
 from orchestrator.models import DeployedVersion, Offsets
 from orchestrator.spark.failures import is_outage, root_cause
@@ -85,6 +86,7 @@ class Quarantine:
         from pyspark.sql import functions as F
 
         self.tries += 1
+        fail_point("quarantine.try")
         condition = None
         for topic, partition, lo, hi in ranges:
             one = ((F.col("kafka_topic") == topic) & (F.col("kafka_partition") == partition)

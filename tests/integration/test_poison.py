@@ -9,7 +9,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from conftest import kappa_cli, wait_until
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output, stop_drivers
@@ -51,7 +53,7 @@ def _event(url: str) -> bytes:
 
 
 def test_a_poison_record_fails_the_version_and_quarantine_isolates_it(
-    settings, topic, tmp_path: Path
+    settings, topic, tmp_path: Path, monkeypatch
 ) -> None:
     from orchestrator.kafka.producer import produce
     from orchestrator.service import Orchestrator
@@ -78,8 +80,21 @@ def test_a_poison_record_fails_the_version_and_quarantine_isolates_it(
                         if p == 1 and value in (_event("/poison"), _event("/no-key")))
         assert len(poison) == 2
 
+        # The quarantine's first try pauses, holding its window open: meanwhile the run row
+        # must be free, so that heartbeats, `kappa stop` and status reads elsewhere go on.
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=1*sleep(8000)")
         result = kappa_cli(settings, "restart", "--quarantine", JOB, "v1")
+        monkeypatch.delenv("KAPPA_FAIL_POINTS")
         assert result.returncode == 0, result.stderr
+        log = Path(service.version_status(JOB, "v1").log_path or "")
+        wait_until(lambda: "fail point quarantine.try: sleeping" in log.read_text(), 120,
+                   "the quarantine's first try")
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+            assert conn.execute(sql.SQL(
+                "SELECT attempt FROM {}.runs r JOIN {}.job_versions v ON v.id = r.version_id "
+                "WHERE v.job = %s FOR UPDATE OF r NOWAIT").format(
+                sql.Identifier(settings.catalog_schema), sql.Identifier(settings.catalog_schema)),
+                (JOB,)).fetchone() == (2,)
         service.wait(JOB, "v1", timeout_s=300)
 
         expected = {url: counts for url, counts in ref.v1.items()

@@ -38,14 +38,18 @@ def test_unset_means_off_and_unknown_names_are_bugs(monkeypatch) -> None:
 
 @pytest.mark.parametrize("text", ["batch.after_commit=exit", "batch.after_pg_commit",
                                   "batch.after_pg_commit=x*exit",
-                                  "batch.after_pg_commit=1*crash"])
+                                  "batch.after_pg_commit=1*crash",
+                                  "quarantine.try=sleep", "quarantine.try=sleep(x)",
+                                  "quarantine.try=exit(5)"])
 def test_malformed_settings_say_what_to_fix(text: str) -> None:
     with pytest.raises(ConfigError, match="KAPPA_FAIL_POINTS"):
         parse(text)
 
 
 def test_parse_reads_every_point() -> None:
-    assert parse("batch.after_pg_commit=2*off->1*exit; driver.measure_lag=raise") == {
+    assert parse("batch.after_pg_commit=2*off->1*exit; driver.measure_lag=raise; "
+                 "quarantine.try=1*sleep(250)") == {
         "batch.after_pg_commit": (Term("off", 2), Term("exit", 1)),
         "driver.measure_lag": (Term("raise", None),),
+        "quarantine.try": (Term("sleep", 1, 250),),
     }
