@@ -7,9 +7,12 @@ with the standard json module, and applies each example's documented semantics i
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from reference import Record, normalise, read_records
@@ -17,9 +20,8 @@ from reference import Record, normalise, read_records
 __all__ = ["Log", "country_views", "read_records", "url_visitors", "user_profiles",
            "valid_pageview", "valid_profile"]
 UNKNOWN = "unknown"
-REGIONS = {"DE": "EU", "FR": "EU", "ES": "EU", "IT": "EU", "NL": "EU", "PL": "EU", "SE": "EU",
-           "GB": "EU", "US": "NA", "CA": "NA", "MX": "NA", "BR": "SA", "AR": "SA", "JP": "APAC",
-           "IN": "APAC", "AU": "APAC", "CN": "APAC", "KR": "APAC", "SG": "APAC"}
+# Continents of the IANA time zone database, as user_profiles v2 documents its regions.
+_CONTINENT_REGIONS = {"Europe": "EU", "Asia": "APAC", "Australia": "APAC", "Pacific": "APAC"}
 
 
 def _int(v: Any) -> bool:
@@ -124,9 +126,40 @@ def user_profiles(log: Log, *, region: bool = False) -> dict[int, tuple[Any, ...
         country = p["address"]["country"]
         row: tuple[Any, ...] = (p["plan"], country, p["address"]["city"])
         if region:
-            row += (REGIONS.get(country, "other"),)
+            row += (region_of(country),)
         rows[user] = (*row, p["tags"], p["updated_at"])
     return rows
+
+
+@cache
+def _zones() -> dict[str, list[tuple[str, float]]]:
+    """Country code -> [(time zone, latitude)], from tzdata's zone.tab."""
+    zones: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    text = resources.files("tzdata").joinpath("zoneinfo", "zone.tab").read_text()
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        country, coordinates, zone = line.split("\t")[:3]
+        latitude = re.match(r"([+-])(\d\d)(\d\d)", coordinates)
+        assert latitude, line
+        sign, degrees, minutes = latitude.groups()
+        zones[country].append((zone, (1 if sign == "+" else -1) * (int(degrees)
+                                                                   + int(minutes) / 60)))
+    return zones
+
+
+def region_of(country: str) -> str:
+    """A country's region, derived from the time zone database rather than copied from the job:
+    the continent most of its zones name, and for America north or south of 12°N."""
+    zones = _zones().get(country)
+    if not zones:
+        return "other"
+    continents = Counter(zone.split("/")[0] for zone, _ in zones)
+    continent = continents.most_common(1)[0][0]
+    if continent == "America":
+        latitude = next(lat for zone, lat in zones if zone.startswith("America/"))
+        return "NA" if latitude >= 12 else "SA"
+    return _CONTINENT_REGIONS.get(continent, "other")
 
 
 def country_views(log: Log) -> dict[str, tuple[int, int]]:
