@@ -114,7 +114,8 @@ class BatchCommit:
                 self.heartbeat.busy_since = None
         self.failure = None
         self.commits += 1
-        if self.commits % _PRUNE_EVERY == 0:
+        # A small batches_kept is kept promptly; a large one costs a pruning per 100 batches.
+        if self.commits % max(1, min(_PRUNE_EVERY, self.settings.batches_kept)) == 0:
             folded = prune(self.conn, self.settings.catalog_schema, self.version.id,
                            self.settings.batches_kept)
             if folded:
