@@ -143,7 +143,7 @@ def _broker_storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
         return
     from orchestrator.dev import stack as dev_stack
 
-    used = _STORAGE_USED.setdefault(request.node.nodeid, set())
+    used: set[str] = set()
     marker = request.node.get_closest_marker("broker_storage")
     if marker is not None:
         used.update(marker.args)
@@ -161,6 +161,15 @@ def _broker_storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(dev_stack, "up", recording_up)
     yield
+    # Carried by the teardown report, so that a run split across xdist workers lists it too.
+    request.node.user_properties.append(("broker_storage", sorted(used)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        for name, value in report.user_properties:
+            if name == "broker_storage":
+                _STORAGE_USED[report.nodeid] = set(value)
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
