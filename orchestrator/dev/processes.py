@@ -1,0 +1,86 @@
+"""Processes of the embedded stack: found by their recorded PID and command line, stopped by
+signals, and reaped when this process started them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import psutil
+
+from orchestrator.errors import ServiceUnavailableError
+
+HOST = "127.0.0.1"
+STOP_TIMEOUT_S = 30.0
+_POLL_INTERVAL_S = 0.05
+
+
+def live_process(record: dict[str, Any], prefix: str) -> psutil.Process | None:
+    """The recorded process if it still runs. A reused PID runs another command line."""
+    pid, cmdline = record.get(f"{prefix}_pid"), record.get(f"{prefix}_cmdline")
+    if not isinstance(pid, int) or not cmdline:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if exited(proc) or proc.cmdline() != cmdline:
+            return None
+    except psutil.Error:
+        return None
+    return proc
+
+
+def exited(proc: psutil.Process) -> bool:
+    try:
+        if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return True
+    # A broker spawned by this process stays a zombie until we reap it.
+    with suppress(ChildProcessError):
+        os.waitpid(proc.pid, os.WNOHANG)
+    return True
+
+
+def stop(proc: psutil.Process, signals: tuple[signal.Signals, ...]) -> None:
+    for sig in signals:
+        with suppress(psutil.NoSuchProcess):
+            proc.send_signal(sig)
+        if poll(lambda: exited(proc), STOP_TIMEOUT_S):
+            return
+    raise ServiceUnavailableError(
+        f"process {proc.pid} did not stop: kill it by hand and run `kappa dev down` again"
+    )
+
+
+def poll(done: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_INTERVAL_S)
+    return True
+
+
+def pick_port(preferred: Any) -> int:
+    # The same port as last time keeps `kappa dev env` exports valid across a broker restart.
+    if isinstance(preferred, int):
+        with socket.socket() as sock:
+            # The broker's listener sets SO_REUSEADDR too: TIME_WAIT leftovers do not block it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with suppress(OSError):
+                sock.bind((HOST, preferred))
+                return preferred
+    return free_port()
+
+
+def free_port() -> int:
+    """A port on loopback that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+    return port
