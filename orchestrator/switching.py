@@ -21,7 +21,6 @@ from orchestrator.aliases.diff import DiffReport, compare
 from orchestrator.catalog import aliases, events, lag_history, runs, versions
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import ConflictError, KappaError, StateError
-from orchestrator.log_identity import is_log_gone
 from orchestrator.models import DeployedVersion
 from orchestrator.naming import stage_table, validate_name
 from orchestrator.routing import Routing
@@ -29,10 +28,9 @@ from orchestrator.settings import Settings
 from orchestrator.spark import launcher
 from orchestrator.spark.checkpoint import is_local, remove_local
 from orchestrator.states import RunState
+from orchestrator.switch_gates import rollback_problem, state_problems, validation_problems
 
 log = logging.getLogger("kappa.switching")
-
-_SERVABLE = (RunState.CAUGHT_UP, RunState.LIVE)
 
 # Measures a version's lag against the broker now (None: it cannot be measured against the log).
 MeasureNow = Callable[[DeployedVersion], int | None]
@@ -84,59 +82,67 @@ class Switchboard:
         self._gated.clear()
         target = self._version(job, version)
         problems = self._not_ready(target, alias)
+        refuse = f"refusing to promote {job} {version}"
         if problems and not force:
-            raise StateError(f"refusing to promote {job} {version}: {'; '.join(problems)}; "
-                             "or override with --force --reason TEXT")
+            raise StateError(f"{refuse}: {'; '.join(problems)}; or override with --force "
+                             "--reason TEXT")
         return self._switch(job, alias, "promote", target, lambda r: r.promote(version),
-                            reason=reason, forced=bool(problems and force))
+                            reason=reason, forced=bool(problems and force),
+                            recheck=self._recheck(target, refuse, force=force))
 
     def ab(self, job: str, version: str, percent: int, alias: str | None, *,
            reason: str | None) -> dict[str, Any]:
         self._gated.clear()
         target = self._version(job, version)
         problems = self._not_ready(target, alias)
+        refuse = f"refusing to serve {percent} % from {job} {version}"
         if problems:
-            raise StateError(f"refusing to serve {percent} % from {job} {version}: "
-                             f"{'; '.join(problems)}")
+            raise StateError(f"{refuse}: {'; '.join(problems)}")
         return self._switch(job, alias, "ab", target, lambda r: r.ab(version, percent),
-                            reason=reason, forced=False)
+                            reason=reason, forced=False,
+                            recheck=self._recheck(target, refuse, force=False))
 
     def rollback(self, job: str, alias: str | None, *, reason: str | None,
                  force: bool = False) -> dict[str, Any]:
         self._gated.clear()
-        problem = self._rollback_problem(job, validate_name(alias or job, "alias"))
+        name = validate_name(alias or job, "alias")
+        current = aliases.find(self.conn, self.s.catalog_schema, name)
+        problem = None if current is None else rollback_problem(  # else _switch says why
+            self.conn, self.s, job, Routing(name, current["primary"], current["candidate"],
+                                            current["percent"] or 0, current["rollback_to"]))
         if problem and not force:
             raise StateError(f"refusing to roll back: {problem}; or override with --force "
                              "--reason TEXT")
-        return self._switch(job, alias, "rollback", None, lambda r: r.rollback(), reason=reason,
-                            forced=bool(problem and force))
 
-    def _rollback_problem(self, job: str, name: str) -> str | None:
-        """Why the version a rollback would serve must not be served now: its driver does not
-        run, so its output stopped where it stopped (or describes a log that is gone)."""
-        current = aliases.find(self.conn, self.s.catalog_schema, name)
-        if current is None:
-            return None  # _switch says the alias does not exist
-        routing = Routing(name, current["primary"], current["candidate"],
-                          current["percent"] or 0, current["rollback_to"])
-        target = routing.rollback().primary
-        deployed = versions.find(self.conn, self.s.catalog_schema, job, target or "")
-        if deployed is None:
-            return None
-        run = runs.get(self.conn, self.s.catalog_schema, deployed.id)
-        if run.state not in (RunState.STOPPED, RunState.FAILED):
-            return None
-        where = f"alias {self.s.serving_schema}.{name} would go back to {job} {target}"
-        if is_log_gone(run.reason):
-            return (f"{where}, whose log is gone (`kappa status {job}` says why): its output "
-                    "describes a log that no longer exists")
-        return (f"{where}, which is {run.state.value}: readers would get output that no longer "
-                f"follows the log. `kappa restart {job} {target}` resumes it (then `kappa wait "
-                f"{job} {target}` and roll back)")
+        def recheck(locked: Routing) -> tuple[list[str], bool]:
+            again = rollback_problem(self.conn, self.s, job, locked)
+            if again and not force:
+                raise StateError(f"refusing to roll back: {again}; or override with --force "
+                                 "--reason TEXT")
+            return [again] if again else [], bool(again)
+
+        return self._switch(job, alias, "rollback", None, lambda r: r.rollback(), reason=reason,
+                            forced=bool(problem and force), recheck=recheck)
+
+    def _recheck(self, target: DeployedVersion, refuse: str, *, force: bool
+                 ) -> Callable[[Routing], tuple[list[str], bool]]:
+        """The gates again, under the alias's lock: the state recorded now, and a validation
+        against what the locked alias serves (another switch may have changed it since)."""
+        def recheck(locked: Routing) -> tuple[list[str], bool]:
+            problems = state_problems(self.conn, self.s, target) + validation_problems(
+                self.conn, self.s, target, locked.primary)
+            if problems and not force:
+                raise StateError(f"{refuse}: {'; '.join(problems)}"
+                                 + ("; or override with --force --reason TEXT"
+                                    if refuse.startswith("refusing to promote") else ""))
+            return problems, bool(problems)
+
+        return recheck
 
     def _switch(self, job: str, alias: str | None, action: str,
                 target: DeployedVersion | None, change: Any, *, reason: str | None,
-                forced: bool) -> dict[str, Any]:
+                forced: bool, recheck: Callable[[Routing], tuple[list[str], bool]]
+                ) -> dict[str, Any]:
         from orchestrator.catalog.events import actor
 
         name = validate_name(alias or job, "alias")
@@ -163,6 +169,12 @@ class Switchboard:
                 locked = aliases.lock(self.conn, schema, name)
             assert locked is not None
             before, view_versions = locked
+            _, overridden = recheck(before)
+            if overridden and not forced:
+                forced = True
+                if not reason:
+                    raise StateError("--force needs --reason TEXT, which is recorded in the "
+                                     "history")
             after: Routing = change(before)
             new_view = self._prepare_view(job, name, after, view_versions, action)
             aliases.save(self.conn, schema, after, new_view)
@@ -247,24 +259,29 @@ class Switchboard:
     def retire(self, job: str, version: str, *, drop: bool) -> dict[str, Any]:
         target = self._version(job, version)
         schema = self.s.catalog_schema
-        for name in aliases.for_job(self.conn, schema, job):
-            info = aliases.find(self.conn, schema, name)
-            assert info is not None
-            if version in (info["primary"], info["candidate"]):
-                raise StateError(f"alias {self.s.serving_schema}.{name} serves {job} {version}: "
-                                 "promote another version (or roll back) before retiring it")
-            if drop and info["rollback_to"] == version:
-                raise StateError(f"alias {self.s.serving_schema}.{name} would roll back to "
-                                 f"{version}: promote again or retire without --drop")
-        run = runs.get(self.conn, schema, target.id)
-        launcher.stop_driver(run)
         with self.conn.transaction():
+            # Under the aliases' locks: a promote of this version waits for the retirement,
+            # then finds it retired; a retire that waits for a promote sees what it serves.
+            for name in aliases.for_job(self.conn, schema, job):
+                locked = aliases.lock(self.conn, schema, name)
+                assert locked is not None
+                routing = locked[0]
+                if version in (routing.primary, routing.candidate):
+                    raise StateError(f"alias {self.s.serving_schema}.{name} serves {job} "
+                                     f"{version}: promote another version (or roll back) "
+                                     "before retiring it")
+                if drop and routing.rollback_to == version:
+                    raise StateError(f"alias {self.s.serving_schema}.{name} would roll back to "
+                                     f"{version}: promote again or retire without --drop")
+            run = runs.get(self.conn, schema, target.id)
             if run.state.is_active:
                 runs.change_state(self.conn, schema, target, RunState.STOPPED,
                                   reason="stopped by `kappa retire`")
             if run.state != RunState.RETIRED:
                 runs.change_state(self.conn, schema, target, RunState.RETIRED,
                                   reason="retired" + (" and dropped" if drop else ""))
+        # After the commit: the driver finds its run ended at its next heartbeat anyway.
+        launcher.stop_driver(run)
         if drop:
             self._drop(job, target)
         return {"job": job, "version": version, "state": RunState.RETIRED.value,
@@ -316,22 +333,10 @@ class Switchboard:
 
     def _not_ready(self, v: DeployedVersion, alias: str | None) -> list[str]:
         """Why ``v`` may not be served now: its state, its *measured* lag, and a validation that
-        is current (made against what the alias serves, after both versions' latest deploy or
-        restart, with guardrails that ran and passed)."""
-        schema, job = self.s.catalog_schema, v.job
-        problems = []
-        run = runs.get(self.conn, schema, v.id)
-        if is_log_gone(run.reason):
-            problems.append(f"it is {run.state.value}: the log it read is gone (`kappa status "
-                            f"{job}` says why); deploy the job under a new VERSION")
-        elif run.state in (RunState.STOPPED, RunState.FAILED):
-            problems.append(f"it is {run.state.value}, so its output no longer follows the log "
-                            f"(`kappa restart {job} {v.version}` resumes it; `kappa status "
-                            f"{job}` says why)")
-        elif run.state not in _SERVABLE:
-            problems.append(f"it is {run.state.value}, not caught up (`kappa wait {job} "
-                            f"{v.version}`)")
-        else:
+        is current (see switch_gates); checked again under the alias's lock."""
+        problems = state_problems(self.conn, self.s, v)
+        if not problems:
+            job = v.job
             measured = self.lags_of(job, {v.version})[v.version]
             if measured.source == "sample" and (measured.records or 0) > self.s.max_lag_records:
                 # A sample may admit a version; only a measurement now may refuse it (it may
@@ -345,32 +350,10 @@ class Switchboard:
                 problems.append(f"it is {lag} records behind the log end (more than "
                                 f"max_lag_records={self.s.max_lag_records}; `kappa wait {job} "
                                 f"{v.version}`)")
-        current = aliases.find(self.conn, schema, validate_name(alias or job, "alias"))
-        serving = current["primary"] if current else None
-        validation = aliases.latest_validation(self.conn, schema, v.id)
-        if validation is None:
-            problems.append(f"it has no validation (`kappa diff {job} "
-                            f"{serving or 'OTHER'} {v.version}`)")
-            return problems
-        against, passed, at, report = validation
-        redo = f"`kappa diff {job} {serving or against} {v.version}`"
-        if serving is not None and serving not in (v.version, against):
-            problems.append(f"its latest validation is against {against}, not against "
-                            f"{serving}, which the alias serves ({redo})")
-        other = versions.find(self.conn, schema, job, against)
-        starts = [(v.version, run.started_at)]
-        if other is not None:
-            starts.append((against, runs.get(self.conn, schema, other.id).started_at))
-        for name, started in starts:
-            if started is not None and at < started:
-                problems.append(f"its validation predates the latest deploy or restart of "
-                                f"{name} ({redo})")
-        if not (report or {}).get("guardrails"):
-            problems.append(f"its validation ran no guardrails ({v.version} declares none), "
-                            "so nothing was checked")
-        elif not passed:
-            problems.append(f"its latest validation against {against} failed ({redo})")
-        return problems
+        current = aliases.find(self.conn, self.s.catalog_schema,
+                               validate_name(alias or v.job, "alias"))
+        return problems + validation_problems(self.conn, self.s, v,
+                                              current["primary"] if current else None)
 
     def _live_versions(self, job: str) -> list[DeployedVersion]:
         return [v for v in versions.list_all(self.conn, self.s.catalog_schema, job)
