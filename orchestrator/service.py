@@ -135,6 +135,7 @@ class Orchestrator:
             self._start(conn, version)
             # So that a later switch to this version needs no DDL.
             self._switchboard(conn).refresh_views(spec.name)
+            events.prune(conn, s.catalog_schema, s.events_kept)
             return DeployResult(True, self._status_of(conn, version), hazards)
 
     def _start(self, conn: psycopg.Connection, version: DeployedVersion) -> RunRecord:
@@ -590,9 +591,11 @@ class Orchestrator:
             events.record(conn, self.settings.catalog_schema, kind, job=job, version=version,
                           **detail)
 
-    def events(self, job: str | None = None, version: str | None = None) -> list[dict[str, object]]:
+    def events(self, job: str | None = None, version: str | None = None, *, limit: int = 1000
+               ) -> list[dict[str, object]]:
+        """The newest ``limit`` events, newest first."""
         with self._catalog() as conn:
-            return events.list_events(conn, self.settings.catalog_schema, job, version)
+            return events.list_events(conn, self.settings.catalog_schema, job, version, limit)
 
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,

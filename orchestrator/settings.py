@@ -66,6 +66,8 @@ class Settings:
     lag_sample_max_age_s: float = 15.0
     # Batch records kept per version in full; older ones are folded into a summary.
     batches_kept: int = 1000
+    # Events kept in the event log (`kappa events`); older ones are deleted.
+    events_kept: int = 100_000
     # A driver's log is rotated at this size (one older file is kept).
     driver_log_max_bytes: int = 50_000_000
 

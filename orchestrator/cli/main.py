@@ -107,8 +107,9 @@ def _parser() -> argparse.ArgumentParser:
                   "version")
     rt.add_argument("--drop", action="store_true")
 
-    e = _command(sub, "events", "the orchestrator's event log", "job?")
+    e = _command(sub, "events", "the orchestrator's event log, newest first", "job?")
     e.add_argument("--version")
+    e.add_argument("--limit", type=int, default=1000, help="how many events (default 1000)")
 
     ps = _command(sub, "produce-sample",
                   "produce deterministic sample page views or profile changes")
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_agent(service, args)
     if cmd == "events":
-        rows = service.events(args.job, args.version)
+        rows = service.events(args.job, args.version, limit=args.limit)
         if args.json:
             print_json(rows)
         else:

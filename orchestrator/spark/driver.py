@@ -120,6 +120,7 @@ class BatchCommit:
                            self.settings.batches_kept)
             if folded:
                 log.info("folded %d old batch records into the summary", folded)
+            events.prune(self.conn, self.settings.catalog_schema, self.settings.events_kept)
         if self.retry_noted:
             with self.conn.transaction():
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
