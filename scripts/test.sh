@@ -24,4 +24,6 @@ fi
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 mypy
-pytest "$@"
+# Most integration tests wait on drivers, outages and polls rather than on the CPU: three
+# workers (pytest-xdist) fill two cores. KAPPA_TEST_WORKERS=0 runs in this process.
+pytest -n "${KAPPA_TEST_WORKERS:-3}" --dist worksteal "$@"

@@ -65,7 +65,9 @@ print(json.dumps({{"dags": found, "slowest": slowest, "drivers": drivers}}))
         "check_conf", "deploy", "ramp_and_promote", "retire_previous", "roll_back_unfinished",
         "validate", "wait_caught_up"]
     assert result["drivers"] == []  # database, broker and Spark load when a task runs
-    assert result["slowest"] < 0.5, result
+    # Far under Airflow's dagbag_import_timeout (30 s) even on a loaded machine; what keeps
+    # parsing fast is asserted above: no database, broker or Spark library at parse time.
+    assert result["slowest"] < 5.0, result
 
 
 def _prepared(settings, topic: str, tmp_path: Path, count: int, seed: int, versions: tuple
