@@ -17,6 +17,8 @@ from orchestrator.errors import ConfigError
 __all__ = [
     "PASSWORD_VARIABLE",
     "SASL_MECHANISMS",
+    "SECRETS_VARIABLE",
+    "SECRET_PROPERTIES",
     "SECURITY_PROTOCOLS",
     "Kafka",
     "KafkaEndpoint",
@@ -25,6 +27,8 @@ __all__ = [
 ]
 
 PASSWORD_VARIABLE = "KAPPA_KAFKA_SASL_PASSWORD"
+# The other secret-bearing librdkafka properties, as a JSON object: only ever in the environment.
+SECRETS_VARIABLE = "KAPPA_KAFKA_SECRET_PROPERTIES"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -38,8 +42,10 @@ _NAMED = {
     "sasl.mechanisms": "kafka_sasl_mechanism",
     "sasl.username": "kafka_sasl_username",
 }
-_SECRET = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
-           "sasl.oauthbearer.client.secret")
+# librdkafka's properties that carry a secret (its CONFIGURATION.md marks them sensitive).
+SECRET_PROPERTIES = ("sasl.password", "ssl.key.password", "ssl.key.pem", "ssl_key",
+                     "ssl.keystore.password", "sasl.oauthbearer.config",
+                     "sasl.oauthbearer.client.secret", "ssl.engine.id", "ssl_engine_callback_data")
 
 
 def check_extra_properties(
@@ -51,9 +57,10 @@ def check_extra_properties(
         if key in _NAMED:
             raise ConfigError(f"{where}: set {key!r} with the setting {_NAMED[key]}, not as a "
                               "librdkafka property")
-        if key in _SECRET:
+        if key in SECRET_PROPERTIES:
             raise ConfigError(f"{where}: {key!r} is a secret and must not be written in settings: "
-                              f"put the SASL password in {PASSWORD_VARIABLE} or in a file named "
+                              f"put it in {SECRETS_VARIABLE} (a JSON object in the environment), "
+                              f"or the SASL password in {PASSWORD_VARIABLE} or in a file named "
                               "by kafka_sasl_password_file")
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: librdkafka property {key!r} must be a string, number or "
@@ -61,6 +68,18 @@ def check_extra_properties(
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
         out.append((str(key), text))
     return tuple(sorted(out))
+
+
+def check_secret_properties(properties: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Validate the secret librdkafka properties given in :data:`SECRETS_VARIABLE`."""
+    for key in properties:
+        if key == "sasl.password":
+            raise ConfigError(f"{SECRETS_VARIABLE}: put the SASL password in "
+                              f"{PASSWORD_VARIABLE} or a file named by kafka_sasl_password_file")
+        if key not in SECRET_PROPERTIES:
+            raise ConfigError(f"{SECRETS_VARIABLE}: {key!r} is no secret: set it in the "
+                              "[kappa.kafka] table of kappa.toml (or KAPPA_KAFKA_PROPERTIES)")
+    return tuple(sorted((str(k), str(v)) for k, v in properties.items()))
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,8 @@ class KafkaEndpoint:
     sasl_username: str | None = None
     password: str | None = field(default=None, repr=False)
     extra: tuple[tuple[str, str], ...] = ()
+    # Secret librdkafka properties: in client configurations, never in options or reprs.
+    secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         protocol = self.security_protocol.upper()
@@ -119,17 +140,19 @@ class KafkaEndpoint:
             config["sasl.mechanism"] = self.sasl_mechanism or ""
             config["sasl.username"] = self.sasl_username or ""
             config["sasl.password"] = self.password or ""
+        config.update(self.secrets)
         return config
 
     def public_options(self) -> dict[str, Any]:
-        """Everything but the password: safe for a Spark option (see :meth:`from_options`)."""
+        """Everything but the secrets: safe for a Spark option (see :meth:`from_options`)."""
         return {"bootstrap": self.bootstrap, "security_protocol": self.security_protocol,
                 "ssl_ca_location": self.ssl_ca_location, "sasl_mechanism": self.sasl_mechanism,
                 "sasl_username": self.sasl_username, "extra": [list(p) for p in self.extra]}
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], password: str | None) -> KafkaEndpoint:
-        return cls(bootstrap=options["bootstrap"],
+    def from_options(cls, options: Mapping[str, Any], password: str | None,
+                     secrets: tuple[tuple[str, str], ...] = ()) -> KafkaEndpoint:
+        return cls(bootstrap=options["bootstrap"], secrets=secrets,
                    security_protocol=options.get("security_protocol") or "PLAINTEXT",
                    ssl_ca_location=options.get("ssl_ca_location"),
                    sasl_mechanism=options.get("sasl_mechanism"),

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, KafkaEndpoint, check_extra_properties
+from orchestrator.kafka_endpoint import (
+    PASSWORD_VARIABLE,
+    SECRETS_VARIABLE,
+    KafkaEndpoint,
+    check_extra_properties,
+    check_secret_properties,
+)
 
 STACK_FILE = "dev/stack.json"
 
@@ -35,6 +41,9 @@ class Settings:
     kafka_sasl_password: str | None = field(default=None, repr=False)
     # Any other librdkafka property, e.g. ssl.endpoint.identification.algorithm.
     kafka_properties: tuple[tuple[str, str], ...] = ()
+    # librdkafka properties that carry secrets (ssl.key.pem, ssl.key.password, ...): only from
+    # the environment (KAPPA_KAFKA_SECRET_PROPERTIES, a JSON object), like the SASL password.
+    kafka_secret_properties: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     spark_master: str = "local[*]"
     # Where versions' checkpoints live: a path, or any URI Spark accepts (hdfs://, s3a://), so
     # that a driver can move hosts. Default: <state_dir>/checkpoints.
@@ -85,7 +94,7 @@ class Settings:
             bootstrap=self.kafka_bootstrap, security_protocol=self.kafka_security_protocol,
             ssl_ca_location=self.kafka_ssl_ca_location, sasl_mechanism=self.kafka_sasl_mechanism,
             sasl_username=self.kafka_sasl_username, password=self._sasl_password(),
-            extra=self.kafka_properties,
+            extra=self.kafka_properties, secrets=self.kafka_secret_properties,
         )
 
     def _sasl_password(self) -> str | None:
@@ -118,9 +127,9 @@ class Settings:
         env = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "kafka_properties":
+            if f.name in ("kafka_properties", "kafka_secret_properties"):
                 if value:
-                    env["KAPPA_KAFKA_PROPERTIES"] = json.dumps(dict(value))
+                    env[f"KAPPA_{f.name.upper()}"] = json.dumps(dict(value))
             elif value is not None:
                 env[f"KAPPA_{f.name.upper()}"] = str(value)
         return env
@@ -128,6 +137,15 @@ class Settings:
 
 def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in fields(Settings)}[name]
+    if name == "kafka_secret_properties":
+        try:
+            secrets = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError:
+            secrets = None  # the error must not quote the secret
+        if not isinstance(secrets, Mapping):
+            raise ConfigError(f"{SECRETS_VARIABLE} must be a JSON object of secret librdkafka "
+                              "properties: fix it")
+        return check_secret_properties(secrets)
     if name == "kafka_properties":
         if isinstance(raw, str):
             try:
@@ -174,6 +192,9 @@ def load_settings(
         section = dict(data.get("kappa", data))
         if "kafka" in section:  # the [kappa.kafka] table of librdkafka properties
             section["kafka_properties"] = section.pop("kafka")
+        if "kafka_secret_properties" in section:
+            raise ConfigError(f"{toml_path}: never write secrets in kappa.toml: put them in "
+                              f"{SECRETS_VARIABLE} (a JSON object in the environment)")
         if "kafka_sasl_password" in section:
             raise ConfigError(f"{toml_path}: never write the SASL password in kappa.toml: put it "
                               f"in {PASSWORD_VARIABLE} or in a file named by "
@@ -187,6 +208,8 @@ def load_settings(
     def pick(name: str) -> Any:
         if name == "kafka_sasl_password":  # a secret: only from the environment
             return env.get(PASSWORD_VARIABLE) or None
+        if name == "kafka_secret_properties":  # secrets too
+            return env.get(SECRETS_VARIABLE) or None
         if name in flags:
             return flags[name]
         env_name = f"KAPPA_{name.upper()}"

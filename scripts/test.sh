@@ -25,5 +25,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 mypy
 # Most integration tests wait on drivers, outages and polls rather than on the CPU: three
-# workers (pytest-xdist) fill two cores. KAPPA_TEST_WORKERS=0 runs in this process.
-pytest -n "${KAPPA_TEST_WORKERS:-3}" --dist worksteal "$@"
+# workers (pytest-xdist) fill two cores. One test at a time per worker, in the order conftest
+# gives (the longest first). KAPPA_TEST_WORKERS=0 runs in this process.
+pytest -n "${KAPPA_TEST_WORKERS:-3}" --dist load --maxschedchunk 1 "$@"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
 from typing import Any
 
-from orchestrator.kafka_endpoint import PASSWORD_VARIABLE
+from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE
 from orchestrator.settings import Settings
 from orchestrator.spark.cds import driver_java_options
 from orchestrator.spark.writer import DSN_VARIABLE
@@ -51,6 +52,9 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
     if settings.kafka_bootstrap and settings.kafka.password:
         # Read tasks connect to Kafka themselves; the name matches the redaction pattern.
         conf[f"spark.executorEnv.{PASSWORD_VARIABLE}"] = settings.kafka.password
+    if settings.kafka_secret_properties:
+        conf[f"spark.executorEnv.{SECRETS_VARIABLE}"] = json.dumps(
+            dict(settings.kafka_secret_properties))
     if settings.spark_master.startswith("spark://"):
         conf.update({
             "spark.executor.memory": settings.spark_executor_memory,

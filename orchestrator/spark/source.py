@@ -24,7 +24,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from orchestrator.errors import LogChangedError
-from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, KafkaEndpoint
+from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
 from orchestrator.lag import (
     chunk_size,
     log_changed_reason,
@@ -99,8 +99,11 @@ class KafkaLogSource(DataSource):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
         self.options = options
+        # The secrets are no options: executors read them from their environment.
+        secrets = json.loads(os.environ.get(SECRETS_VARIABLE) or "{}")
         self.kafka = KafkaEndpoint.from_options(json.loads(options["kafka"]),
-                                                os.environ.get(PASSWORD_VARIABLE))
+                                                os.environ.get(PASSWORD_VARIABLE),
+                                                tuple(sorted(secrets.items())))
         self.topic = options["topic"]
         self.group_id = options["group_id"]
         self.chunk_records = int(options["chunk_records"])

@@ -1,4 +1,4 @@
-"""Chaos during a replay, three rounds, with exact output after every round:
+"""Chaos during a replay, two rounds, with exact output after every round:
 PostgreSQL stopped and restarted in the middle of a batch commit, the broker suspended for 60 s
 during catch-up, and the driver SIGKILLed in the middle of a batch commit.
 
@@ -26,6 +26,7 @@ from reference import compute
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
 BROKER_OUTAGE_S = 60
+ROUNDS = 2  # each round does all three; a third found nothing the second had not
 
 
 @contextmanager
@@ -81,7 +82,7 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
         service.produce_sample(topic, 20_000, seed=91)
         service.deploy(job_file(tmp_path, "v1", topic))
         service.wait(JOB, "v1", timeout_s=300)
-        for round_ in range(3):
+        for round_ in range(ROUNDS):
             # PostgreSQL stops while a commit is under way, and comes back.
             with _commit_held(settings, service, topic, seed=100 + round_):
                 pid = dev_stack.status(state).postgres.pid

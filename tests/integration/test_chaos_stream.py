@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "url_visitors"
 COLUMNS = ["visitors", "first_seen", "last_seen"]
 POINTS = ("batch.after_pg_commit", "batch.before_spark_commit")
+FIRST, PRODUCED = 6_000, 40_000  # records before the deploy, and written during the chaos
+TOTAL = FIRST + PRODUCED
 
 
 def _processed(service) -> int:
@@ -46,19 +48,20 @@ def test_a_stateful_stream_job_survives_postgres_and_driver_kills_while_a_produc
 
         service = Orchestrator(settings)
         topic = "pageviews"
-        service.produce_sample(topic, 6_000, seed=seed % 1000, users=300)
+        service.produce_sample(topic, FIRST, seed=seed % 1000, users=300)
         service.deploy(example(tmp_path, "url_visitors", {"pageviews": topic}))
         env = dict(os.environ, **settings.driver_environment())
         producer = subprocess.Popen(
             [str(Path(sys.executable).with_name("kappa")), "produce-sample", "--topic", topic,
-             "--count", "40000", "--seed", str(seed % 1000 + 1), "--users", "300",
+             "--count", str(PRODUCED), "--seed", str(seed % 1000 + 1), "--users", "300",
              "--rate", "800"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             actions = ["postgres", "postgres", "driver", "driver", "fail_point", "fail_point"]
             rng.shuffle(actions)
             for round_, action in enumerate(actions):
-                # A random moment: some progress since the last round, 1 to 2,000 records.
-                target = _processed(service) + rng.randint(1, 2_000)
+                # A random moment: some progress since the last round, 1 to 2,000 records (at
+                # most the whole log: the producer may be done).
+                target = min(TOTAL, _processed(service) + rng.randint(1, 2_000))
                 wait_until(lambda t=target: _processed(service) >= t, 300,
                            f"round {round_}: progress to {target} before the {action} kill",
                            poll_s=0.1)
