@@ -74,19 +74,28 @@ _KAFKA_IGNORED = ("bootstrap.servers", "bootstrap_servers", "group.id", "sasl.pa
 
 def kafka_security(conn: Any) -> dict[str, Any]:
     """Setting changes for the Kafka connection's security: login, password and extra."""
-    from orchestrator.kafka_endpoint import check_extra_properties
+    from orchestrator.kafka_endpoint import (
+        SECRET_PROPERTIES,
+        check_extra_properties,
+        check_secret_properties,
+    )
 
     extra = conn.extra_dejson or {}
     changes: dict[str, Any] = {}
     properties: dict[str, Any] = {}
+    secrets: dict[str, Any] = {}
     for key, value in extra.items():
         if key in _KAFKA_SETTINGS:
             changes[_KAFKA_SETTINGS[key]] = str(value)
+        elif key in SECRET_PROPERTIES and key not in _KAFKA_IGNORED:
+            secrets[key] = value  # a connection is a secret store: kept like the password
         elif "." in key and key not in _KAFKA_IGNORED:
             properties[key] = value
     if properties:
         changes["kafka_properties"] = check_extra_properties(
             properties, f"the extra of Airflow connection {conn.conn_id!r}")
+    if secrets:
+        changes["kafka_secret_properties"] = check_secret_properties(secrets)
     if conn.login:
         changes["kafka_sasl_username"] = conn.login
     password = conn.password or extra.get("sasl.password")
@@ -98,7 +107,8 @@ def kafka_security(conn: Any) -> dict[str, Any]:
 def public_settings(settings: Settings) -> dict[str, str]:
     """Every setting except the secrets, as strings: safe to store with a trigger or in XCom."""
     return {f.name: str(getattr(settings, f.name)) for f in fields(settings)
-            if f.name not in ("pg_dsn", "kafka_sasl_password", "kafka_properties")
+            if f.name not in ("pg_dsn", "kafka_sasl_password", "kafka_properties",
+                              "kafka_secret_properties")
             and getattr(settings, f.name) is not None}
 
 
