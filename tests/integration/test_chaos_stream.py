@@ -62,9 +62,16 @@ def test_a_stateful_stream_job_survives_postgres_and_driver_kills_while_a_produc
                 # A random moment: some progress since the last round, 1 to 2,000 records (at
                 # most the whole log: the producer may be done).
                 target = min(TOTAL, _processed(service) + rng.randint(1, 2_000))
-                wait_until(lambda t=target: _processed(service) >= t, 300,
-                           f"round {round_}: progress to {target} before the {action} kill",
-                           poll_s=0.1)
+                try:
+                    wait_until(lambda t=target: _processed(service) >= t, 600,
+                               f"round {round_}: progress to {target} before the {action} "
+                               "kill", poll_s=0.1)
+                except AssertionError:
+                    st = service.version_status(JOB, "v1")
+                    print(f"status: {st}")
+                    if st.log_path:
+                        print(Path(st.log_path).read_text(errors="replace")[-6000:])
+                    raise
                 print(f"round {round_}: {action} at {target}")
                 if action == "postgres":
                     pid = dev_stack.status(stack.state).postgres.pid

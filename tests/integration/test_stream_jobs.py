@@ -369,7 +369,9 @@ def _produce_over_minutes(bootstrap: str, topic: str, count: int, *, seed: int, 
 
     ensure_topic(bootstrap, topic, 4)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    first_ms = int(time.time() * 1000) - (minutes + 1) * 60_000
+    # From a minute's start: the last window then holds a full minute of records, so the
+    # watermark (10 s behind the newest) closes every window before it.
+    first_ms = (int(time.time() * 1000) - (minutes + 1) * 60_000) // 60_000 * 60_000
     step_ms = minutes * 60_000 // count
     for i, (key, value) in enumerate(sample_events(count, seed, users=200)):
         producer.produce(topic, value=value, key=key, timestamp=first_ms + i * step_ms)
