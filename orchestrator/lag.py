@@ -248,8 +248,11 @@ def evaluate(samples: Sequence[LagSample], limits: Thresholds) -> LagState:
         return (s.lag_records <= limits.max_lag_records and s.lag_seconds is not None
                 and s.lag_seconds <= limits.caught_up_seconds)
 
-    if within(last) and (not covers or all(within(s) for s in recent)):
-        # A short history that is within limits counts: a fresh version that is done is done.
+    if last.lag_records <= limits.caught_up_records or (
+            within(last) and (not covers or all(within(s) for s in recent))):
+        # Measured at the log end now is caught up, whatever came before; within the limits
+        # but not at the end needs a whole window of it. A short history that is within the
+        # limits counts: a fresh version that is done is done.
         return LagState.CAUGHT_UP
     if covers and last.lag_records > 0 and recent[-1].processed == recent[0].processed:
         return LagState.STALLED

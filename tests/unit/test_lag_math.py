@@ -66,3 +66,10 @@ def test_an_unknown_time_lag_is_not_a_small_one() -> None:
                          driver_alive=True) for i in range(8)]
     assert evaluate(samples, LIMITS) is LagState.STALLED
     assert samples[-1].lag_records == 5
+
+
+def test_at_the_log_end_now_is_caught_up_whatever_came_before() -> None:
+    # The demo's replay: far behind a few seconds ago, at the log end now.
+    samples = _series([(0, 20_000)] * 4 + [(20_000, 20_000)], lag_s=2.0, step=5.0)
+    assert evaluate(samples, Thresholds(window_s=10.0, caught_up_seconds=5.0,
+                                        max_lag_records=1_000)) is LagState.CAUGHT_UP
