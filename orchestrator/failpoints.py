@@ -13,7 +13,9 @@ is used up the point is off. Actions:
 - ``off``: nothing;
 - ``exit``: end the process at once with status 86 (no clean-up, no state recorded: like
   SIGKILL or the out-of-memory killer);
-- ``raise``: raise :class:`FailPointError`;
+- ``raise``: raise :class:`FailPointError`, an error the driver counts towards the poison rule;
+- ``unreachable``: raise :class:`FailPointUnreachableError`, which the driver takes for an outage
+  ("did not answer") and retries for as long as it lasts;
 - ``sleep(MS)``: pause this thread for MS milliseconds (to hold a window open for a test).
 
 The launcher passes its environment to drivers, so a test sets the variable for the deploy or
@@ -33,18 +35,23 @@ from orchestrator.errors import ConfigError, KappaError
 log = logging.getLogger("kappa.failpoints")
 ENV = "KAPPA_FAIL_POINTS"
 EXIT_STATUS = 86
-ACTIONS = ("off", "exit", "raise", "sleep")
+ACTIONS = ("off", "exit", "raise", "unreachable", "sleep")
 # Every point the code checks: a name outside this list is a typo in a test.
 POINTS = (
     "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
     "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
     "driver.measure_lag",  # the driver asks how far behind the log end it is
     "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
+    "source.read",  # a read task (on an executor) is about to read its offset range
 )
 
 
 class FailPointError(KappaError):
     """Raised by a fail point set to ``raise``: only tests set them (KAPPA_FAIL_POINTS)."""
+
+
+class FailPointUnreachableError(FailPointError):
+    """Raised by a fail point set to ``unreachable``: reads as a service that did not answer."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ def _term(text: str, item: str) -> Term:
             or bool(paren) != (action == "sleep") \
             or (paren and not (argument.endswith(")") and milliseconds.isdigit())):
         raise ConfigError(f"{ENV}: {item!r}: each term is [COUNT*]ACTION with ACTION one of "
-                          f"off, exit, raise, sleep(MS); fix or unset {ENV}")
+                          f"{', '.join(ACTIONS[:-1])}, sleep(MS); fix or unset {ENV}")
     return Term(action, int(count_text) if star else None,
                 int(milliseconds) if paren else 0)
 
@@ -118,6 +125,8 @@ def fail_point(name: str) -> None:
         os._exit(EXIT_STATUS)
     if term.action == "raise":
         raise FailPointError(f"fail point {name} ({ENV})")
+    if term.action == "unreachable":
+        raise FailPointUnreachableError(f"fail point {name}: the service did not answer ({ENV})")
     if term.action == "sleep":
         log.warning("fail point %s: sleeping %d ms (%s)", name, term.milliseconds, ENV)
         time.sleep(term.milliseconds / 1000)

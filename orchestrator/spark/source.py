@@ -197,11 +197,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # Executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from orchestrator.failpoints import fail_point
         from orchestrator.kafka.reader import read_range
         from orchestrator.spark.columnar import ColumnarParser
         from orchestrator.spark.writer import stage_read
 
         assert isinstance(partition, KafkaRange)
+        fail_point("source.read")
         schema = parse_ddl(self.options["schema"])
         non_negative = json.loads(self.options["non_negative"])
         pass_tombstones = self.options["tombstones"] == "pass"

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.lag import Thresholds
 
 from conftest import job_file, kappa_cli, wait_until
-from integration.helpers import stop_drivers
+from integration.helpers import output, stop_drivers
 from integration.observability import agent, scrape
 from reference import compute
 
@@ -111,6 +111,37 @@ def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path)
         kinds = [e["detail"].get("to") for e in service.events(JOB, "v2")
                  if e["kind"] == "lag_state"]
         assert "stalled" in kinds and "stopped" in kinds  # transitions are in the event log
+    finally:
+        stop_drivers(service)
+
+
+def test_a_driver_retrying_unreachable_reads_is_stalled_with_its_last_error(
+        service, settings, topic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every read task times out, the query restarts again and again, no offset moves: the lag
+    is not known to be small, and the version is stalled, whatever its first batch looks like
+    (#19, item 9)."""
+    limits = Thresholds(window_s=6.0)
+    service.produce_sample(topic, 4_000, seed=63)
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "source.read=unreachable")
+    service.deploy(job_file(tmp_path, "v1", topic))
+    monkeypatch.delenv("KAPPA_FAIL_POINTS")
+    try:
+        def stalled() -> object:
+            (lag,) = service.lag(JOB, "v1", limits)
+            assert lag.state not in ("caught_up", "failed"), lag
+            return lag if lag.state == "stalled" else None
+
+        lag = wait_until(stalled, 180, "the retrying driver to be reported stalled", poll_s=0.5)
+        assert lag.reason is not None and lag.reason.startswith(
+            "retrying after unreachable service"), lag.reason
+        assert "source.read" in lag.reason
+        assert lag.lag_records == 4_000 and lag.run_state.value == "replaying"
+        status = {st.version: st for st in service.status(JOB)}["v1"]
+        assert status.reason == lag.reason
+        # Once the reads succeed, the same version catches up with exact output.
+        service.restart(JOB, "v1")
+        service.wait(JOB, "v1", timeout_s=300)
+        assert output(settings, f"{JOB}__v1") == compute(settings.kafka_bootstrap, topic).v1
     finally:
         stop_drivers(service)
 

@@ -6,7 +6,14 @@ import pytest
 
 from orchestrator import failpoints
 from orchestrator.errors import ConfigError
-from orchestrator.failpoints import FailPointError, Term, fail_point, parse
+from orchestrator.failpoints import (
+    FailPointError,
+    FailPointUnreachableError,
+    Term,
+    fail_point,
+    parse,
+)
+from orchestrator.spark.failures import is_outage, root_cause
 
 
 def test_terms_run_in_order_then_the_point_is_off(monkeypatch) -> None:
@@ -27,6 +34,23 @@ def test_a_term_without_count_lasts_for_ever(monkeypatch) -> None:
     for _ in range(3):
         with pytest.raises(FailPointError):
             fail_point("driver.measure_lag")
+
+
+def test_unreachable_reads_as_an_outage_and_raise_does_not(monkeypatch) -> None:
+    monkeypatch.setattr(failpoints, "_REGISTRY", failpoints._Registry())
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "source.read=1*unreachable->1*raise")
+    with pytest.raises(FailPointUnreachableError) as unreachable:
+        fail_point("source.read")
+    with pytest.raises(FailPointError) as deterministic:
+        fail_point("source.read")
+    assert is_outage(unreachable.value) and not is_outage(deterministic.value)
+    # As Spark relays it from a read task: the text alone must still read as an outage.
+    relayed = RuntimeError(
+        "[STREAM_FAILED] Query terminated. Return Message: Traceback (most recent call last):\n"
+        '  File "source.py", line 9, in read\n'
+        f"orchestrator.failpoints.FailPointUnreachableError: {unreachable.value}\n")
+    assert is_outage(relayed)
+    assert root_cause(relayed) == f"FailPointUnreachableError: {unreachable.value}"
 
 
 def test_unset_means_off_and_unknown_names_are_bugs(monkeypatch) -> None:
