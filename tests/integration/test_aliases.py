@@ -145,7 +145,9 @@ def test_versions_with_other_columns_promote_but_never_split(service, settings, 
     from orchestrator.service import Orchestrator
 
     tag = uuid.uuid4().hex[:8]
-    settings = replace(settings, serving_schema=f"serving_{tag}")
+    # Batches of 2,000 records: v3's max_ms is merged across batches, as MERGE says.
+    settings = replace(settings, serving_schema=f"serving_{tag}", max_batch_records=2_000,
+                       chunk_records=1_000)
     service = Orchestrator(settings)
     service.produce_sample(topic, 5_000, seed=111)
     v3 = job_file(tmp_path, "v2", topic).read_text()
