@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -58,14 +59,18 @@ def airflow(env: dict[str, str], *args: str, timeout: float = 600
 
 
 def migrate(env: dict[str, str]) -> None:
+    began = time.monotonic()
     done = airflow(env, "db", "migrate")
+    print(f"airflow db migrate: {time.monotonic() - began:.1f}s")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def dags_test(env: dict[str, str], dag_id: str, conf: dict[str, Any]
               ) -> tuple[subprocess.CompletedProcess[str], str]:
     """`airflow dags test` with a conf; returns the process and the run id."""
+    began = time.monotonic()
     done = airflow(env, "dags", "test", dag_id, "-c", json.dumps(conf))
+    print(f"airflow dags test {dag_id}: {time.monotonic() - began:.1f}s")
     found = re.search(r"DagRun Finished: dag_id=\w+, .*?run_id=([^,\s]+),", done.stdout +
                       done.stderr)
     assert found, done.stdout[-3000:] + done.stderr[-3000:]

@@ -59,6 +59,11 @@ def _processed(service: Any, job: str, version: str) -> tuple[Any, int]:
     return st, sum(o for ps in st.processed_offsets.values() for o in ps.values())
 
 
+# Enough for each small-batch replay to span 3 to 15 batches, so that both kills land
+# mid-replay; more records add CPU time, not cases.
+PAGEVIEWS, PROFILES = 100_000, 20_000
+
+
 def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         settings, tmp_path: Path) -> None:
     from orchestrator.kafka.producer import produce
@@ -70,8 +75,8 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
     topics = {"pageviews": f"pageviews_{tag}", "profiles": f"profiles_{tag}"}
     # 500 users: each small batch touches every user's state, and per-user Python state
     # (country_views) costs about a millisecond per user and batch.
-    big.produce_sample(topics["pageviews"], 150_000, seed=51, users=500)
-    big.produce_sample(topics["profiles"], 20_000, seed=52, kind="profiles", users=500)
+    big.produce_sample(topics["pageviews"], PAGEVIEWS, seed=51, users=500)
+    big.produce_sample(topics["profiles"], PROFILES, seed=52, kind="profiles", users=500)
     examples = ("url_visitors", "user_profiles", "country_views")
     try:
         for which in examples:
@@ -84,7 +89,8 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         seed = random.randrange(1 << 30)
         print(f"kill moments seed {seed}")
         rng = random.Random(seed)
-        totals = {"url_visitors": 150_000, "user_profiles": 20_000, "country_views": 170_000}
+        totals = {"url_visitors": PAGEVIEWS, "user_profiles": PROFILES,
+                  "country_views": PAGEVIEWS + PROFILES}
         for low, high in ((0.1, 0.4), (0.55, 0.85)):
             for which in examples:
                 target = int(totals[which] * rng.uniform(low, high))
