@@ -92,7 +92,7 @@ def _kill_past(service: Any, job: str, target: int) -> None:
 
 
 def test_append_mode_is_exactly_once_across_a_restart_and_a_sigkill(
-        settings, topic, tmp_path: Path) -> None:
+        settings, topic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.service import Orchestrator
 
     service = Orchestrator(replace(settings, max_batch_records=2_000, chunk_records=1_000))
@@ -100,14 +100,21 @@ def test_append_mode_is_exactly_once_across_a_restart_and_a_sigkill(
     path = tmp_path / "appended.py"
     path.write_text(APPENDED.format(topic=topic))
     try:
+        # The first driver dies right after its fourth batch's PostgreSQL commit: Spark's commit
+        # log does not know the batch, so the next driver runs it again, and must insert nothing.
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.after_pg_commit=3*off->1*exit")
         service.deploy(path)
-        _kill_past(service, "appended", 6_000)
+        monkeypatch.delenv("KAPPA_FAIL_POINTS")
+        wait_until(lambda: service.version_status("appended", "v1").state.value == "failed",
+                   300, "the driver to die at the fail point")
         service.restart("appended", "v1")
-        wait_until(lambda: _processed(service, "appended")[1] >= 14_000, 300,
-                   "the restarted replay to pass 14,000", poll_s=0.1)
+        _kill_past(service, "appended", 10_000)
+        service.restart("appended", "v1")
+        wait_until(lambda: _processed(service, "appended")[1] >= 16_000, 300,
+                   "the restarted replay to pass 16,000", poll_s=0.1)
         # A restart while the driver runs: it is stopped and replaced.
         assert kappa_cli(settings, "restart", "appended", "v1").returncode == 0
-        assert service.wait("appended", "v1", timeout_s=300).attempt == 3
+        assert service.wait("appended", "v1", timeout_s=300).attempt == 4
         expected = [(p, o, e["user_id"]) for p, o, v in read_log(settings.kafka_bootstrap, topic)
                     if (e := _valid(v)) is not None]
         rows = query(settings, f'SELECT partition, "offset", user_id FROM '
