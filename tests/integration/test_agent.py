@@ -70,7 +70,7 @@ def test_the_agent_restarts_a_killed_driver_and_the_output_stays_exact(
                 done = sum(o for ps in st.processed_offsets.values() for o in ps.values())
                 return st if st.pid and done >= 15_000 else None
 
-            st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.1)
+            st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.25)
             os.killpg(st.pid, signal.SIGKILL)  # type: ignore[union-attr]
             # Until the agent restarts it, the version is failed, and waiting on it fails.
             wait_until(lambda: service.version_status(job, "v1").attempt >= 2, 60,

@@ -65,7 +65,7 @@ def test_a_stateful_stream_job_survives_postgres_and_driver_kills_while_a_produc
                 try:
                     wait_until(lambda t=target: _processed(service) >= t, 600,
                                f"round {round_}: progress to {target} before the {action} "
-                               "kill", poll_s=0.1)
+                               "kill", poll_s=0.25)
                 except AssertionError:
                     st = service.version_status(JOB, "v1")
                     print(f"status: {st}")

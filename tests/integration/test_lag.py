@@ -95,7 +95,7 @@ def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path)
             done = sum(o for ps in st.processed_offsets.values() for o in ps.values())
             return st if done >= 30_000 else None
 
-        st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.1)
+        st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.25)
         os.kill(st.pid, signal.SIGSTOP)
         try:
             wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stalled", 3 * 3.0 + 5,

@@ -85,7 +85,7 @@ def _processed(service: Any, job: str) -> tuple[Any, int]:
 
 def _kill_past(service: Any, job: str, target: int) -> None:
     st = wait_until(lambda: (x := _processed(service, job))[0].pid and x[1] >= target and x[0],
-                    300, f"{job} to pass {target}", poll_s=0.1)
+                    300, f"{job} to pass {target}", poll_s=0.25)
     os.killpg(st.pid, signal.SIGKILL)
     wait_until(lambda: service.version_status(job, "v1").state.value == "failed", 30,
                f"{job}'s dead driver to be noticed")
@@ -111,7 +111,7 @@ def test_append_mode_is_exactly_once_across_a_restart_and_a_sigkill(
         _kill_past(service, "appended", 10_000)
         service.restart("appended", "v1")
         wait_until(lambda: _processed(service, "appended")[1] >= 16_000, 300,
-                   "the restarted replay to pass 16,000", poll_s=0.1)
+                   "the restarted replay to pass 16,000")
         # A restart while the driver runs: it is stopped and replaced.
         assert kappa_cli(settings, "restart", "appended", "v1").returncode == 0
         assert service.wait("appended", "v1", timeout_s=300).attempt == 4

@@ -30,7 +30,7 @@ def _matches(settings, version, ref_table) -> bool:
 
 def test_v1_and_v2_replay_exactly_side_by_side_then_go_live(service, settings, topic,
                                                               tmp_path: Path) -> None:
-    service.produce_sample(topic, 300_000, seed=11)
+    service.produce_sample(topic, 100_000, seed=11)
     service.deploy(job_file(tmp_path, "v1", topic))
     service.wait(JOB, "v1", timeout_s=300)
     v1_batches = len(assert_batches_tile_the_log(
@@ -41,7 +41,7 @@ def test_v1_and_v2_replay_exactly_side_by_side_then_go_live(service, settings, t
     service.produce_sample(topic, 20_000, seed=12, rate=20_000)
     service.wait(JOB, "v2", timeout_s=300)
     ref = compute(settings.kafka_bootstrap, topic)
-    assert ref.records == 320_000 and ref.invalid > 0
+    assert ref.records == 120_000 and ref.invalid > 0
     wait_until(lambda: _matches(settings, "v1", ref.v1), 30, "v1 to process the new events")
     assert _matches(settings, "v2", ref.v2)
 
@@ -79,12 +79,12 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
     from orchestrator.service import Orchestrator
 
     # Small batches, so that the replay spans many of them and a kill lands mid-replay.
-    settings = replace(settings, max_batch_records=15_000, chunk_records=8_000)
+    settings = replace(settings, max_batch_records=6_000, chunk_records=3_000)
     service = Orchestrator(settings)
     seed = random.randrange(1 << 30)
     print(f"kill moments seed {seed}")
     rng = random.Random(seed)
-    total = 300_000
+    total = 120_000  # 20 batches
     service.produce_sample(topic, total, seed=21)
     path = job_file(tmp_path, "v2", topic)
     try:
@@ -98,7 +98,7 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
                 done = sum(o for ps in st.processed_offsets.values() for o in ps.values())
                 return st if st.pid and done >= target else None
 
-            st = wait_until(progressed, 240, f"the replay to pass offset {target}", poll_s=0.05)
+            st = wait_until(progressed, 240, f"the replay to pass offset {target}", poll_s=0.25)
             os.kill(st.pid, signal.SIGKILL)
             wait_until(lambda: service.version_status(JOB, "v2").state.value == "failed", 30,
                        "status to report the dead driver")

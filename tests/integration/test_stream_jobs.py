@@ -99,7 +99,7 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
                     st, done = _processed(small, which, "small")
                     return st if st.pid and done >= target else None
 
-                st = wait_until(past, 300, f"{which} small to pass {target}", poll_s=0.1)
+                st = wait_until(past, 300, f"{which} small to pass {target}", poll_s=0.25)
                 os.kill(st.pid, signal.SIGKILL)
                 wait_until(lambda w=which: small.version_status(w, "small").state.value
                            == "failed", 30, "status to report the dead driver")
