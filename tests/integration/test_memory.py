@@ -3,8 +3,8 @@ letters are written by the executors, never collected in the driver.
 
 What a regression costs, measured by hoarding them in the driver process (a fetch of the dead
 letters and output rows kept on the batch commit): +50 MB of the Python driver's peak with 60,000
-dead letters, +72 MB with 100,000 output keys (so about +25 MB and +36 MB at this test's 30,000
-and 50,000), while the whole driver (Python and JVM, 630 MB) grew by less than 8 %. Between
+dead letters, +72 MB with 100,000 output keys, and +27 MB and +38 MB at this test's 30,000
+and 50,000, while the whole driver (Python and JVM, 630 MB) grew by less than 8 %. Between
 clean runs the Python driver's peak varies by 2 MB and the JVM's by 1 %. So the bounds are
 on the Python driver, which sees no record unless something collects it, with the JVM's on the
 side."""
