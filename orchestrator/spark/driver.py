@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -46,6 +46,7 @@ from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, stage_writer
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.driver")
+T = TypeVar("T")
 _MAX_CATCH_UP_ROUNDS = 5
 _LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
 _BACKOFF_S = (2, 4, 8, 16, 30)  # then 30 s between retries, for as long as it takes
@@ -250,11 +251,13 @@ class Driver:
         self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
 
     def set_state(self, target: RunState, reason: str | None = None, **changes: Any) -> None:
-        with self.conn.transaction():
-            done = runs.change_state(self.conn, self.settings.catalog_schema, self.version,
-                                     target, reason=reason, expect_attempt=self.attempt,
-                                     **changes)
-        if done is None:
+        def change() -> object:
+            with self.conn.transaction():
+                return runs.change_state(self.conn, self.settings.catalog_schema, self.version,
+                                         target, reason=reason, expect_attempt=self.attempt,
+                                         **changes)
+
+        if self._wait_out_outages(change, f"record {target.value}") is None:
             raise StaleDriverError(f"attempt {self.attempt} was replaced; exiting")
 
     def run(self) -> None:
@@ -270,15 +273,11 @@ class Driver:
             self.transform = load_transform(self.version, code, spark)
         except JobFileError as exc:
             raise JobError(str(exc)) from exc
-        with self.conn.transaction():
-            # Versions deployed before stage tables (and log epochs) existed get them now.
-            create_stage(self.conn, s.data_schema, self.version.spec)
-            upgrade_dead_letters(self.conn, s.data_schema, self.version.dead_letter_table)
+        self._wait_out_outages(self._upgrade_tables, "prepare the output tables")
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
-        self.start_offsets = self._wait_out_outages(lambda: self._resume_point(checkpoint))
-        with self.conn.transaction():
-            self.quarantine = runs.quarantine_batch(self.conn, s.catalog_schema,
-                                                    self.version.id)
+        self.start_offsets = self._wait_out_outages(lambda: self._resume_point(checkpoint),
+                                                    "find where to resume")
+        self.quarantine = self._wait_out_outages(self._quarantine_batch, "read the quarantine")
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
@@ -292,7 +291,9 @@ class Driver:
         for round_ in range(_MAX_CATCH_UP_ROUNDS):
             self._run_resilient(spark, sink, live=False)
             try:
-                behind = self._lag()
+                # The catalog's outages are waited out here as inside the query; the broker's
+                # are not: the live query waits for the broker itself.
+                behind = self._lag(wait_for_catalog=True)
             except KappaError as exc:
                 log.warning("cannot measure the lag (%s); going live", exc)
                 behind = None
@@ -332,21 +333,40 @@ class Driver:
             # The next tick measures again; the query itself is not at fault.
             log.warning("cannot measure the lag (%s)", str(exc).splitlines()[0][:300])
 
-    def _wait_out_outages(self, step: Callable[[], Offsets]) -> Offsets:
-        """Run ``step`` until no outage stops it: a broker that comes up after the drivers (a
-        host's reboot) is waited for, however long, as it is once the query runs."""
+    def _upgrade_tables(self) -> None:
+        with self.conn.transaction():
+            # Versions deployed before stage tables (and log epochs) existed get them now.
+            create_stage(self.conn, self.settings.data_schema, self.version.spec)
+            upgrade_dead_letters(self.conn, self.settings.data_schema,
+                                 self.version.dead_letter_table)
+
+    def _quarantine_batch(self) -> int | None:
+        with self.conn.transaction():
+            return runs.quarantine_batch(self.conn, self.settings.catalog_schema,
+                                         self.version.id)
+
+    def _wait_out_outages(self, step: Callable[[], T], doing: str) -> T:
+        """Run ``step`` until no outage stops it, on a fresh connection after each. A broker
+        that comes up after the drivers (a host's reboot) is waited for, however long, as it
+        is once the query runs; so is a PostgreSQL that restarts between two of the driver's
+        own catalog statements (its connection is then closed under it)."""
         retries = 0
         while True:
             try:
+                self.reconnect()
+                if retries:  # the noted reason no longer holds (before a step that sets one)
+                    self._note_retry(None)
                 return step()
             except Exception as exc:
                 if not is_outage(exc):
                     raise
+                if isinstance(exc, psycopg.Error):
+                    self.conn.close()  # the next try connects anew
                 retries += 1
                 delay = _BACKOFF_S[min(retries, len(_BACKOFF_S)) - 1]
-                log.warning("cannot start yet (unreachable service: %s); trying again in %ds "
-                            "(retry %d)", root_cause(exc), delay, retries)
-                self._note_retry(f"retrying after unreachable service at the start: "
+                log.warning("cannot %s yet (unreachable service: %s); trying again in %ds "
+                            "(retry %d)", doing, root_cause(exc), delay, retries)
+                self._note_retry(f"retrying after unreachable service (to {doing}): "
                                  f"{root_cause(exc)}")
                 time.sleep(delay)
 
@@ -436,17 +456,16 @@ class Driver:
                             "(retry %d)", what, root_cause(exc), delay, retries)
                 sink.retry_noted = self._note_retry(f"retrying after {what}: {root_cause(exc)}")
                 time.sleep(delay)
-                sink.reconnect()
-                self.reconnect()
+                self._wait_out_outages(sink.reconnect, "reconnect to the catalog")
 
-    def _note_retry(self, reason: str) -> bool:
+    def _note_retry(self, reason: str | None) -> bool:
         """Best effort: show why the version makes no progress (`kappa status`), if the catalog
-        can be reached at all."""
+        can be reached at all; None clears it."""
         try:
             self.reconnect()
             with self.conn.transaction():
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
-                                 self.attempt, reason[:500])
+                                 self.attempt, reason and reason[:500])
         except psycopg.Error:
             self.conn.close()
             return False
@@ -538,13 +557,18 @@ class Driver:
             query.stop()
             raise
 
-    def _lag(self) -> int:
+    def _lag(self, *, wait_for_catalog: bool = False) -> int:
         from orchestrator.kafka.offsets import log_bounds
 
         fail_point("driver.measure_lag")
-        with self.conn.transaction():
-            processed = runs.processed_offsets(self.conn, self.settings.catalog_schema,
-                                               self.version.id)
+
+        def processed_offsets() -> Offsets:
+            with self.conn.transaction():
+                return runs.processed_offsets(self.conn, self.settings.catalog_schema,
+                                              self.version.id)
+
+        processed = (self._wait_out_outages(processed_offsets, "read the processed offsets")
+                     if wait_for_catalog else processed_offsets())
         return lag_against(processed, log_bounds(self.kafka, list(self.version.spec.topics)))
 
 
