@@ -12,37 +12,41 @@ import argparse
 import logging
 import os
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 
-from orchestrator.catalog import events, runs, versions
-from orchestrator.catalog.batches import Mover, StaleDriverError, apply_batch, prune
+from orchestrator.catalog import runs, versions
+from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.catalog.output import create_stage, upgrade_dead_letters
 from orchestrator.errors import JobFileError, KappaError
 from orchestrator.failpoints import fail_point
-from orchestrator.kafka.groups import GroupMirror
-from orchestrator.kafka_endpoint import Kafka
-from orchestrator.lag import lag_against, log_changed_reason, log_mismatches
+from orchestrator.kafka.offsets import log_bounds
+from orchestrator.lag import lag_against
 from orchestrator.logfile import RotatingLog
-from orchestrator.models import DELETE_COLUMN, KAFKA_COLUMNS, DeployedVersion, Offsets
-from orchestrator.naming import stage_table
+from orchestrator.models import KAFKA_COLUMNS, Offsets
 from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings, load_settings
+from orchestrator.spark.batch_commit import BatchCommit, connect_catalog
 from orchestrator.spark.checkpoint import Checkpoint
-from orchestrator.spark.failures import POISON_ATTEMPTS, BatchFailure, is_outage, root_cause
+from orchestrator.spark.failures import (
+    POISON_ATTEMPTS,
+    first_error_line,
+    is_outage,
+    job_error,
+    root_cause,
+    spark_reason,
+)
+from orchestrator.spark.heartbeat import Heartbeat
 from orchestrator.spark.jobcode import load_transform, materialize
 from orchestrator.spark.pyspark_path import WORKER_SITE
+from orchestrator.spark.resume import resume_point
 from orchestrator.spark.session import build_session, cluster_cores
 from orchestrator.spark.shape import JobError, shape_output
 from orchestrator.spark.source import SOURCE_NAME, KafkaLogSource, source_options
-from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, stage_writer
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.driver")
@@ -52,191 +56,7 @@ _LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partitio
 _BACKOFF_S = (2, 4, 8, 16, 30)  # then 30 s between retries, for as long as it takes
 _MAX_QUERY_FAILURES = 10
 _FAILURE_WINDOW_S = 600
-_PRUNE_EVERY = 100  # batches between two prunings of the batch records
 _LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
-
-
-def _connect(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-
-
-class BatchCommit:
-    """The foreachBatch function: executors stage the batch's output rows, then one catalog
-    transaction commits them with the batch's dead letters and offsets.
-
-    ``prepare`` turns the batch's DataFrame into the shaped output (``shape_output``): a batch
-    job's transform, or nothing for a stream job, whose transform and shaping are part of the
-    streaming query itself.
-    """
-
-    def __init__(self, settings: Settings, version: DeployedVersion, attempt: int,
-                 conn: psycopg.Connection, prepare: Callable[[Any], Any], kafka: Kafka,
-                 checkpoint: Checkpoint, start: Offsets, quarantine: int | None = None):
-        self.settings, self.version, self.attempt = settings, version, attempt
-        self.conn, self.prepare, self.kafka = conn, prepare, kafka
-        self.quarantine = quarantine  # the catalog batch id `kappa restart --quarantine` marked
-        self.failure: BatchFailure | None = None  # the last batch that failed, and how often
-        self.commits = 0  # batches committed by this driver
-        self.heartbeat: Heartbeat | None = None  # told when a batch is in progress
-        self.retry_noted = False  # runs.reason says why we retry: clear it after a commit
-        # Spark's batch ids start at 0 in every new checkpoint; the catalog's continue.
-        self.checkpoint, self.base, self.start = checkpoint, checkpoint.batch_base(), start
-        self.conn_dsn = settings.require_services()[0]
-        self.mirror = GroupMirror(kafka, version.consumer_group)
-        self.stale = False
-        spec = version.spec
-        self.stage = (settings.data_schema, stage_table(spec.name, spec.version))
-        self.columns = (*spec.output_columns, DELETE_COLUMN)
-
-    def __call__(self, df: Any, spark_batch_id: int) -> None:
-        ckpt = self.checkpoint
-        end = ckpt.batch_end_offsets(spark_batch_id)
-        if end is None:
-            raise KappaError(f"no offset log entry for batch {spark_batch_id} in "
-                             f"{ckpt.location}")
-        previous = ckpt.batch_end_offsets(spark_batch_id - 1) if spark_batch_id > 0 else None
-        start = previous if previous is not None else self.start
-        batch_id = self.base + spark_batch_id
-        if self.heartbeat is not None:
-            self.heartbeat.busy_since = datetime.now(UTC)
-        try:
-            self._commit(df, batch_id, start, end)
-        except StaleDriverError:
-            self.stale = True
-            raise
-        except Exception as exc:
-            if not is_outage(exc):
-                before = self.failure
-                tries = before.attempts + 1 if before and before.batch_id == batch_id else 1
-                self.failure = BatchFailure(batch_id, start, end, root_cause(exc), tries)
-            raise
-        finally:
-            if self.heartbeat is not None:
-                self.heartbeat.busy_since = None
-        self.failure = None
-        self.commits += 1
-        # A small batches_kept is kept promptly; a large one costs a pruning per 100 batches.
-        if self.commits % max(1, min(_PRUNE_EVERY, self.settings.batches_kept)) == 0:
-            folded = prune(self.conn, self.settings.catalog_schema, self.version.id,
-                           self.settings.batches_kept)
-            if folded:
-                log.info("folded %d old batch records into the summary", folded)
-            events.prune(self.conn, self.settings.catalog_schema, self.settings.events_kept)
-        if self.retry_noted:
-            with self.conn.transaction():
-                runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
-                                 self.attempt, None)
-            self.retry_noted = False
-        fail_point("batch.before_spark_commit")
-
-    def _commit(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> None:
-        if self._already_applied(batch_id):
-            if self.version.spec.mode == "stream":
-                # The DataFrame is the stateful plan: unless it runs, the state store never
-                # writes this batch's version, and Spark refuses the commit (or the next batch
-                # finds no state to load). Run it, write nothing.
-                df.write.format("noop").mode("overwrite").save()
-            log.info("batch %d already applied; skipping its apply", batch_id)
-            self._mirror(end)
-            return
-        began = time.monotonic()
-        s = self.settings
-        if batch_id == self.quarantine:
-            write_id, staged = None, "several writes"
-            mover = self._quarantined(df, batch_id, start, end)
-        else:
-            write_id = self._stage(df)
-            staged, mover = "one write", None
-        result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
-                             self.attempt, batch_id, start, end, write_id, move=mover)
-        fail_point("batch.after_pg_commit")
-        self._mirror(end)
-        seconds = time.monotonic() - began
-        log.info("batch %d: %d offsets, %s staged, %d output rows changed, %d dead letters, "
-                 "%d offsets without a record, applied=%s, %.2fs (%.0f records/s)", batch_id,
-                 result.records, staged, result.output_rows, result.dead_letters,
-                 result.gap_offsets, result.applied, seconds,
-                 result.records / seconds if seconds else 0.0)
-
-    def _stage(self, df: Any) -> str:
-        """Transform ``df`` and have the executors COPY its rows into the stage table, under a
-        new write id; only one summary row per task comes back."""
-        output = self.prepare(df)
-        write_id = uuid.uuid4().hex
-        output.mapInArrow(stage_writer(self.stage, self.columns, write_id),
-                          WRITE_RESULT_SCHEMA).collect()
-        return write_id
-
-    def _quarantined(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> Mover:
-        from orchestrator.spark.quarantine import Quarantine
-
-        s, v = self.settings, self.version
-        if v.spec.mode != "batch":
-            raise JobError(f"{v.job} {v.version} is a stream job: its records pass through its "
-                           "state and cannot be re-run one range at a time; fix the job and "
-                           "redeploy it under a new VERSION")
-        quarantine = Quarantine(catalog_schema=s.catalog_schema, data_schema=s.data_schema,
-                                version=v, batch_id=batch_id, df=df,
-                                start=start, end=end, stage=self._stage, kafka=self.kafka)
-
-        def move(conn: psycopg.Connection) -> tuple[int, int]:
-            changed, isolated = quarantine(conn)
-            runs.set_quarantine_batch(conn, s.catalog_schema, v.id, None)
-            events.record(conn, s.catalog_schema, "quarantine", job=v.job, version=v.version,
-                          batch=batch_id, tries=quarantine.tries,
-                          records=[{"topic": t, "partition": p, "offset": o, "error": e}
-                                   for t, p, o, e in quarantine.poison])
-            return changed, isolated
-
-        return move
-
-    def reconnect(self) -> None:
-        if self.conn.closed or self.conn.broken:
-            self.conn = _connect(self.conn_dsn)
-
-    def _mirror(self, end: Offsets) -> None:
-        # Best effort: the catalog is the truth, and the next batch commits newer offsets anyway.
-        try:
-            self.mirror.commit(end)
-        except KappaError as exc:
-            log.warning("consumer-group mirror %s not updated: %s", self.mirror.group, exc)
-
-    def _already_applied(self, batch_id: int) -> bool:
-        with self.conn.transaction():
-            row = self.conn.execute(
-                psycopg.sql.SQL("SELECT 1 FROM {}.batches WHERE version_id = %s AND batch_id = %s")
-                .format(psycopg.sql.Identifier(self.settings.catalog_schema)),
-                (self.version.id, batch_id)).fetchone()
-        return row is not None
-
-
-class Heartbeat(threading.Thread):
-    """Beats into the catalog; ends the process if a restart has replaced this attempt or its
-    run was stopped."""
-
-    def __init__(self, settings: Settings, dsn: str, version_id: int, attempt: int):
-        super().__init__(name="kappa-heartbeat", daemon=True)
-        self.settings, self.dsn = settings, dsn
-        self.version_id, self.attempt = version_id, attempt
-        self.stopping = threading.Event()
-        self.busy_since: datetime | None = None  # set by the sink while a batch runs
-
-    def run(self) -> None:
-        conn: psycopg.Connection | None = None
-        while not self.stopping.wait(self.settings.heartbeat_interval_s):
-            try:
-                if conn is None or conn.closed:
-                    conn = _connect(self.dsn)
-                alive = runs.heartbeat(conn, self.settings.catalog_schema, self.version_id,
-                                       self.attempt, self.busy_since)
-            except psycopg.Error as exc:
-                log.warning("heartbeat failed (%s); retrying", str(exc).splitlines()[0])
-                conn = None
-                continue
-            if not alive:
-                log.error("attempt %d was replaced by a restart or stopped; exiting",
-                          self.attempt)
-                os._exit(3)
 
 
 class Driver:
@@ -244,7 +64,7 @@ class Driver:
         self.settings = settings
         self.dsn, self.kafka = settings.require_services()
         self.attempt = attempt
-        self.conn = _connect(self.dsn)
+        self.conn = connect_catalog(self.dsn)
         self.caught_up_recorded = False  # whether caught_up was recorded
         self.cores = 1  # known once the session is up
         deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
@@ -275,13 +95,18 @@ class Driver:
             raise JobError(str(exc)) from exc
         self._wait_out_outages(self._upgrade_tables, "prepare the output tables")
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
-        self.start_offsets = self._wait_out_outages(lambda: self._resume_point(checkpoint),
-                                                    "find where to resume")
-        self.quarantine = self._wait_out_outages(self._quarantine_batch, "read the quarantine")
+        self.start_offsets = self._wait_out_outages(
+            lambda: resume_point(self.conn, s.catalog_schema, self.version, self.kafka,
+                                 checkpoint), "find where to resume")
+        self.quarantine = self._wait_out_outages(
+            lambda: runs.quarantine_batch(self.conn, s.catalog_schema, self.version.id),
+            "read the quarantine")
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
-        sink = BatchCommit(s, self.version, self.attempt, _connect(self.dsn),
+        sink_conn = self._wait_out_outages(lambda: connect_catalog(self.dsn),
+                                           "connect to the catalog")
+        sink = BatchCommit(s, self.version, self.attempt, sink_conn,
                            self._batch_transform if self.version.spec.mode == "batch"
                            else _unchanged, self.kafka, checkpoint, self.start_offsets,
                            quarantine=self.quarantine)
@@ -340,11 +165,6 @@ class Driver:
             upgrade_dead_letters(self.conn, self.settings.data_schema,
                                  self.version.dead_letter_table)
 
-    def _quarantine_batch(self) -> int | None:
-        with self.conn.transaction():
-            return runs.quarantine_batch(self.conn, self.settings.catalog_schema,
-                                         self.version.id)
-
     def _wait_out_outages(self, step: Callable[[], T], doing: str) -> T:
         """Run ``step`` until no outage stops it, on a fresh connection after each. A broker
         that comes up after the drivers (a host's reboot) is waited for, however long, as it
@@ -370,52 +190,6 @@ class Driver:
                                  f"{root_cause(exc)}")
                 time.sleep(delay)
 
-    def _resume_point(self, checkpoint: Checkpoint) -> Offsets:
-        """Where the first batch of a new checkpoint starts, and a refusal when the log or the
-        checkpoint no longer fits what the catalog says was applied.
-
-        A checkpoint with batches carries its own start. Without one, a version that applied
-        nothing starts at its log start; a batch job that applied batches resumes at the
-        catalog's processed offsets (its output holds everything before them); a stream job's
-        state lived only in the lost checkpoint, so it cannot go on exactly."""
-        from orchestrator.catalog.batches import next_batch_id
-        from orchestrator.kafka.offsets import log_bounds
-
-        v = self.version
-        with self.conn.transaction():
-            processed = runs.processed_offsets(self.conn, self.settings.catalog_schema, v.id)
-            next_id = next_batch_id(self.conn, self.settings.catalog_schema, v.id)
-        if checkpoint.has_batches():
-            start = checkpoint.start_offsets() or v.log_start
-        elif next_id == 0:
-            start = v.log_start
-            checkpoint.start(0, start)
-        elif v.spec.mode == "stream":
-            raise JobError(
-                f"the checkpoint of {v.job} {v.version} ({checkpoint.location}) is gone, and "
-                "with it the state of its stream job: its output cannot be continued exactly. "
-                "Deploy the job under a new VERSION, which replays from offset 0")
-        else:
-            log.warning("no checkpoint at %s: resuming from the catalog's processed offsets "
-                        "with batch %d", checkpoint.location, next_id)
-            start = {t: dict(ps) for t, ps in v.log_start.items()}
-            for topic, partitions in processed.items():
-                start.setdefault(topic, {}).update(partitions)
-            checkpoint.start(next_id, start)
-        from orchestrator.kafka.admin import log_identity
-        from orchestrator.log_identity import log_gone_reason, replaced
-
-        if v.log_identity is not None:
-            topics = list(v.spec.topics)
-            gone = replaced(v.log_identity, log_identity(self.kafka, topics), topics)
-            if gone:
-                raise JobError(log_gone_reason(gone, v.job, v.version))
-        bounds = log_bounds(self.kafka, list(v.spec.topics))
-        mismatches = log_mismatches(processed or start, bounds)
-        if mismatches:
-            raise JobError(log_changed_reason(mismatches, v.job, v.version))
-        return start
-
     def _run_resilient(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
         """Run a query; when it fails, restart it from the checkpoint after a pause that grows
         to a cap. Exactly-once makes that safe.
@@ -436,9 +210,9 @@ class Driver:
                     retries, commits = 0, sink.commits
                 if sink.stale or "StaleDriverError" in str(exc):
                     raise
-                job_error = _job_error(exc)
-                if job_error is not None:
-                    raise job_error from exc
+                mistake = job_error(exc)
+                if mistake is not None:
+                    raise mistake from exc
                 v = self.version
                 poison = sink.failure
                 if poison is not None and poison.attempts >= POISON_ATTEMPTS:
@@ -473,7 +247,7 @@ class Driver:
 
     def reconnect(self) -> None:
         if self.conn.closed or self.conn.broken:
-            self.conn = _connect(self.dsn)
+            self.conn = connect_catalog(self.dsn)
 
     def _streams(self, spark: Any, *, live: bool) -> dict[str, Any]:
         """One streaming DataFrame per topic, each from its own source."""
@@ -502,7 +276,7 @@ class Driver:
             output = self.transform(events)
         except Exception as exc:
             raise JobError(f"{spec.name} {spec.version}: transform() raised "
-                           f"{type(exc).__name__}: {_spark_reason(exc)}; fix the job and "
+                           f"{type(exc).__name__}: {spark_reason(exc)}; fix the job and "
                            "redeploy under a new VERSION") from exc
         if not getattr(output, "isStreaming", False):
             raise JobError(f"{spec.name} {spec.version}: transform() returned a "
@@ -543,10 +317,11 @@ class Driver:
         except Exception as exc:
             if "AnalysisException" not in type(exc).__name__:
                 raise
-            hint = (_OUTPUT_MODE_HINT if "output mode" in str(exc).lower()
+            hint = ("an aggregation without a watermark needs OUTPUT_MODE \"upsert\"; redeploy "
+                    "under a new VERSION" if "output mode" in str(exc).lower()
                     else "fix transform() and redeploy under a new VERSION")
             raise JobError(f"{v.job} {v.version}: Spark cannot run transform()'s query with "
-                           f"OUTPUT_MODE \"{v.spec.output_mode}\": {_spark_reason(exc)}; "
+                           f"OUTPUT_MODE \"{v.spec.output_mode}\": {spark_reason(exc)}; "
                            f"{hint}") from exc
         try:
             # Raises if the query failed; False while it runs on.
@@ -558,8 +333,6 @@ class Driver:
             raise
 
     def _lag(self, *, wait_for_catalog: bool = False) -> int:
-        from orchestrator.kafka.offsets import log_bounds
-
         fail_point("driver.measure_lag")
 
         def processed_offsets() -> Offsets:
@@ -572,10 +345,6 @@ class Driver:
         return lag_against(processed, log_bounds(self.kafka, list(self.version.spec.topics)))
 
 
-_OUTPUT_MODE_HINT = ("an aggregation without a watermark needs OUTPUT_MODE \"upsert\"; "
-                     "redeploy under a new VERSION")
-
-
 def _unchanged(df: Any) -> Any:
     return df
 
@@ -586,22 +355,6 @@ def _union(streams: list[Any]) -> Any:
     for other in rest:
         first = first.unionByName(other, allowMissingColumns=True)
     return first
-
-
-def _spark_reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
-
-
-def _job_error(exc: BaseException) -> JobError | None:
-    """A JobError raised in the sink reaches us wrapped in Spark's StreamingQueryException."""
-    if isinstance(exc, JobError):
-        return exc
-    for line in str(exc).splitlines():
-        for marker in ("JobError:", "LogChangedError:"):
-            if marker in line:
-                return JobError(line.split(marker, 1)[1].strip()[:1000])
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -632,7 +385,7 @@ def _main(args: argparse.Namespace, settings: Settings) -> int:
         log.error("%s", exc)
         return 3
     except BaseException as exc:
-        reason = _first_line(exc)
+        reason = first_error_line(exc)
         log.exception("driver failed: %s", reason)
         try:
             driver.set_state(RunState.FAILED, reason=reason)
@@ -640,14 +393,6 @@ def _main(args: argparse.Namespace, settings: Settings) -> int:
             log.exception("could not record the failure")
         return 1
     return 0
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    for line in text.splitlines():
-        if "StaleDriverError" in line or "KappaError" in line or "Error" in line:
-            return line.strip()[:500]
-    return (text.splitlines()[0] if text else type(exc).__name__)[:500]
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrator.models import Offsets
+from orchestrator.spark.shape import JobError
 
 POISON_ATTEMPTS = 3
 
@@ -89,3 +90,27 @@ class BatchFailure:
                 f"{self.error}. Fix the job and redeploy it under a new VERSION, or run `kappa "
                 f"restart --quarantine {job} {version}` to move the records that fail to the "
                 "dead-letter table and go on")
+
+
+def spark_reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
+
+
+def job_error(exc: BaseException) -> JobError | None:
+    """A JobError raised in the sink reaches us wrapped in Spark's StreamingQueryException."""
+    if isinstance(exc, JobError):
+        return exc
+    for line in str(exc).splitlines():
+        for marker in ("JobError:", "LogChangedError:"):
+            if marker in line:
+                return JobError(line.split(marker, 1)[1].strip()[:1000])
+    return None
+
+
+def first_error_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "StaleDriverError" in line or "KappaError" in line or "Error" in line:
+            return line.strip()[:500]
+    return (text.splitlines()[0] if text else type(exc).__name__)[:500]

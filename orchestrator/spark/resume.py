@@ -1,0 +1,63 @@
+"""Where a driver's new checkpoint starts, and the refusals when the log or the checkpoint no
+longer fits what the catalog says was applied."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from orchestrator.catalog import runs
+from orchestrator.catalog.batches import next_batch_id
+from orchestrator.kafka.admin import log_identity
+from orchestrator.kafka.offsets import log_bounds
+from orchestrator.kafka_endpoint import Kafka
+from orchestrator.lag import log_changed_reason, log_mismatches
+from orchestrator.log_identity import log_gone_reason, replaced
+from orchestrator.models import DeployedVersion, Offsets
+from orchestrator.spark.checkpoint import Checkpoint
+from orchestrator.spark.shape import JobError
+
+log = logging.getLogger("kappa.driver")
+
+
+def resume_point(conn: psycopg.Connection, schema: str, version: DeployedVersion, kafka: Kafka,
+                 checkpoint: Checkpoint) -> Offsets:
+    """Where the first batch of a new checkpoint starts, and a refusal when the log or the
+    checkpoint no longer fits what the catalog says was applied.
+
+    A checkpoint with batches carries its own start. Without one, a version that applied
+    nothing starts at its log start; a batch job that applied batches resumes at the
+    catalog's processed offsets (its output holds everything before them); a stream job's
+    state lived only in the lost checkpoint, so it cannot go on exactly."""
+    v = version
+    with conn.transaction():
+        processed = runs.processed_offsets(conn, schema, v.id)
+        next_id = next_batch_id(conn, schema, v.id)
+    if checkpoint.has_batches():
+        start = checkpoint.start_offsets() or v.log_start
+    elif next_id == 0:
+        start = v.log_start
+        checkpoint.start(0, start)
+    elif v.spec.mode == "stream":
+        raise JobError(
+            f"the checkpoint of {v.job} {v.version} ({checkpoint.location}) is gone, and "
+            "with it the state of its stream job: its output cannot be continued exactly. "
+            "Deploy the job under a new VERSION, which replays from offset 0")
+    else:
+        log.warning("no checkpoint at %s: resuming from the catalog's processed offsets "
+                    "with batch %d", checkpoint.location, next_id)
+        start = {t: dict(ps) for t, ps in v.log_start.items()}
+        for topic, partitions in processed.items():
+            start.setdefault(topic, {}).update(partitions)
+        checkpoint.start(next_id, start)
+    if v.log_identity is not None:
+        topics = list(v.spec.topics)
+        gone = replaced(v.log_identity, log_identity(kafka, topics), topics)
+        if gone:
+            raise JobError(log_gone_reason(gone, v.job, v.version))
+    bounds = log_bounds(kafka, list(v.spec.topics))
+    mismatches = log_mismatches(processed or start, bounds)
+    if mismatches:
+        raise JobError(log_changed_reason(mismatches, v.job, v.version))
+    return start
