@@ -43,6 +43,8 @@ POINTS = (
     "driver.measure_lag",  # the driver asks how far behind the log end it is
     "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
     "source.read",  # a read task (on an executor) is about to read its offset range
+    "archive.before_rename",  # a segment is written and synced under its temporary name
+    "archive.before_record",  # a segment is in place; the manifest does not hold it yet
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -596,6 +596,29 @@ class Orchestrator:
         """The newest ``limit`` events, newest first."""
         with self._catalog() as conn:
             return events.list_events(conn, self.settings.catalog_schema, job, version, limit)
+
+    # The archive of the log ----------------------------------------------------------------
+    def archive(self, topics: Sequence[str] = (), *, once: bool = False,
+                interval_s: float = 5.0, on_segment: Callable[[Any], None] = lambda _: None,
+                stop: Callable[[], bool] = lambda: False) -> int:
+        """Copy the topics (default: those deployed jobs read) into the archive's segments,
+        once or every ``interval_s`` until ``stop()``; returns the segments written."""
+        from orchestrator.archive.archiver import run_archiver
+
+        dsn, bootstrap = self.settings.require_services()
+        with self._catalog():  # applies the catalog's migrations (the manifest) first
+            pass
+        return run_archiver(self.settings, lambda: open_connection(dsn, autocommit=True),
+                            bootstrap, topics, once=once, interval_s=interval_s,
+                            on_segment=on_segment, stop=stop)
+
+    def archive_status(self, topics: Sequence[str] = ()) -> list[Any]:
+        """Per partition and lineage: the archived range, the log's range, records behind."""
+        from orchestrator.archive.archiver import Archiver
+
+        with self._catalog() as conn:
+            return Archiver(self.settings, conn, self.settings.require_services()[1]).status(
+                topics)
 
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,

@@ -48,6 +48,10 @@ class Settings:
     # Where versions' checkpoints live: a path, or any URI Spark accepts (hdfs://, s3a://), so
     # that a driver can move hosts. Default: <state_dir>/checkpoints.
     checkpoint_root: str | None = None
+    # Where the archive of the log keeps its segments: a path, or any URI that pyarrow's
+    # filesystems accept (s3://, gs://, hdfs://). Default: <state_dir>/archive.
+    archive_root: str | None = None
+    archive_segment_records: int = 100_000  # records (and gaps) a segment holds at most
     catalog_schema: str = "kappa"
     data_schema: str = "kappa_data"
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read

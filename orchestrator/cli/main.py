@@ -133,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="up: keep the log in the broker's memory (fast; lost when it stops)")
     dev.add_argument("--yes", action="store_true", help="reset: do not ask for confirmation")
 
+    from orchestrator.cli.archive import add_archive_parser
+
+    add_archive_parser(sub)
     demo = _command(sub, "demo", "the whole story on the embedded default")
     demo.add_argument("--count", type=int, default=200_000)
     return p
@@ -220,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.cli.agent import run_agent
 
         return run_agent(service, args)
+    if cmd == "archive":
+        from orchestrator.cli.archive import run_archive
+
+        return run_archive(service, args)
     if cmd == "events":
         rows = service.events(args.job, args.version, limit=args.limit)
         if args.json:

@@ -75,11 +75,13 @@ def read_range(
     batch_size: int = 10_000,
     timeout_s: float = 30.0,
     headers: bool = False,
+    timestamp_types: bool = False,
 ) -> Iterator[list[Record]]:
     """Yield lists of records covering offsets [start, end) of one partition exactly.
 
     With ``headers`` each record is a :data:`RecordWithHeaders` (typed as Record for callers
-    that do not ask for them).
+    that do not ask for them); with ``timestamp_types`` it is the archive's
+    ``(offset, timestamp_ms, timestamp_type, key, value, headers)``.
 
     Lists hold at most ``batch_size`` records and are never empty. Uses ``group_id`` with
     ``assign()`` (no group join) and commits nothing. Raises LogGapError if ``start`` is below
@@ -120,7 +122,13 @@ def read_range(
                         log_end=log_end,
                     )
                 continue
-            if headers:
+            if timestamp_types:  # the archive's records: ArchivedRecord
+                records = cast(
+                    list[Record],
+                    [(m.offset(), m.timestamp()[1], m.timestamp()[0], m.key(), m.value(),
+                      m.headers()) for m in msgs if m.error() is None],
+                )
+            elif headers:
                 records = cast(
                     list[Record],
                     [(m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())

@@ -11,7 +11,8 @@ import orchestrator
 
 PACKAGE = Path(orchestrator.__file__).parent
 DOMAIN = ("errors", "models", "states", "naming", "lag", "jobspec", "parsing", "settings",
-          "sample", "sample_profiles", "schema", "determinism", "log_identity")
+          "sample", "sample_profiles", "schema", "determinism", "log_identity",
+          "archive/segments")
 # The modules of orchestrator/spark that the CLI and the service import: no pyspark in them.
 SPARK_SERVICE_SIDE = ("__init__.py", "launcher.py", "checkpoint.py")
 DRIVERS = ("pyspark", "confluent_kafka", "psycopg", "airflow", "prometheus_client")

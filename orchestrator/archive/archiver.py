@@ -1,0 +1,219 @@
+"""The archiver: copies logs into immutable Parquet segments and records each in the manifest,
+so that every offset of a partition, from where the archive of its lineage begins, is a record or
+a gap, with no hole and no overlap across crashes.
+
+The order is what makes a crash harmless: a segment's file is written, synced and put in place,
+and only then recorded. A file a crash left unrecorded (or half-written under a temporary name)
+is removed before its range is written again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from orchestrator.archive.parquet_store import ParquetStore
+from orchestrator.archive.segments import (
+    ArchiveError,
+    Lineage,
+    Segment,
+    check_contiguous,
+    checksum,
+    gap_offsets,
+    next_offset,
+    segment_path,
+)
+from orchestrator.catalog import archive_manifest as manifest
+from orchestrator.errors import KappaError
+from orchestrator.failpoints import fail_point
+from orchestrator.kafka.admin import log_identity
+from orchestrator.kafka.offsets import log_bounds
+from orchestrator.kafka.reader import read_range
+from orchestrator.kafka_endpoint import Kafka
+from orchestrator.settings import Settings
+
+log = logging.getLogger("kappa.archive")
+
+
+def archive_root(settings: Settings) -> str:
+    return settings.archive_root or str(settings.state_dir / "archive")
+
+
+@dataclass(frozen=True)
+class PartitionArchive:
+    """What `kappa archive status` shows for one partition of one topic. A figure the broker
+    could not give is None (unknown), never 0."""
+
+    topic: str
+    partition: int
+    lineage: str | None  # "<cluster id>-<topic id>"
+    current: bool | None  # whether the broker holds this lineage now (None: unknown)
+    archived_first: int | None
+    archived_end: int | None
+    segments: int
+    records: int
+    gaps: int
+    bytes: int
+    log_start: int | None
+    log_end: int | None
+
+    @property
+    def behind(self) -> int | None:
+        if self.log_end is None:
+            return None
+        return self.log_end - (self.archived_end if self.archived_end is not None
+                               else self.log_start or 0)
+
+
+class Archiver:
+    def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka):
+        self.settings, self.conn, self.kafka = settings, conn, kafka
+        self.schema = settings.catalog_schema
+        self.store = ParquetStore(archive_root(settings))
+        self.group_id = f"kappa-archive-{uuid.uuid4().hex[:12]}"
+
+    def archive(self, topics: Sequence[str],
+                on_segment: Callable[[Segment], None] = lambda _: None) -> list[Segment]:
+        """One pass: every partition of ``topics`` up to the log end found now."""
+        identity = log_identity(self.kafka, topics)
+        if not identity.cluster_id:
+            raise ArchiveError(f"the broker at {self.kafka} reports no cluster id, so no lineage "
+                               "can be recorded: use a broker that does (Kafka 0.10.1 or later)")
+        bounds = log_bounds(self.kafka, list(topics))
+        written: list[Segment] = []
+        for topic in topics:
+            topic_id = identity.topics.get(topic)
+            if topic_id is None:
+                raise ArchiveError(f"topic {topic} does not exist on {self.kafka}: create it, or "
+                                   "leave it out of `kappa archive run`")
+            lineage = Lineage(identity.cluster_id, topic, topic_id)
+            for (name, partition), (start, end) in sorted(bounds.items()):
+                if name == topic:
+                    written += self._partition(lineage, partition, start, end, on_segment)
+        return written
+
+    def _partition(self, lineage: Lineage, partition: int, log_start: int, log_end: int,
+                   on_segment: Callable[[Segment], None]) -> list[Segment]:
+        with self.conn.transaction():
+            recorded = manifest.segments(self.conn, self.schema, lineage, partition)
+        check_contiguous(recorded)
+        position = next_offset(recorded, log_start)
+        where = f"{lineage.topic}/{partition}"
+        if position < log_start:
+            raise ArchiveError(
+                f"offsets [{position}, {log_start}) of {where} left the log before they were "
+                "archived (retention ran first): the archive cannot hold them. Archive more "
+                "often than the retention, or start a new archive under another archive_root")
+        removed = self.store.remove_unrecorded(
+            lineage.directory(partition), {s.path.rsplit("/", 1)[-1] for s in recorded},
+            position)
+        if removed:
+            log.warning("%s: removed what a crash left unrecorded: %s", where, ", ".join(removed))
+        written = []
+        size = self.settings.archive_segment_records
+        while position < log_end:
+            end = min(log_end, position + size)
+            segment = self._write(lineage, partition, position, end)
+            written.append(segment)
+            on_segment(segment)
+            position = end
+        return written
+
+    def _write(self, lineage: Lineage, partition: int, first: int, end: int) -> Segment:
+        records = [record for batch in read_range(
+            self.kafka, lineage.topic, partition, first, end, self.group_id,
+            timestamp_types=True) for record in batch]
+        gaps = gap_offsets(first, end, (r[0] for r in records))
+        path = segment_path(lineage, partition, first, end)
+        size = self.store.write(path, records)  # type: ignore[arg-type]
+        fail_point("archive.before_record")
+        segment = Segment(lineage, partition, first, end, len(records), gaps, size,
+                          checksum(records), path)  # type: ignore[arg-type]
+        with self.conn.transaction():
+            manifest.record(self.conn, self.schema, segment)
+        return segment
+
+    def status(self, topics: Sequence[str]) -> list[PartitionArchive]:
+        """One row per partition and lineage archived, and per partition of ``topics``; the
+        log's figures go on the rows of the lineage the broker holds now."""
+        with self.conn.transaction():
+            segments = manifest.segments(self.conn, self.schema)
+        names = list(dict.fromkeys([*topics, *(s.lineage.topic for s in segments)]))
+        try:
+            identity = log_identity(self.kafka, names)
+            bounds = dict(log_bounds(self.kafka, names)) if names else {}
+        except KappaError as exc:  # the broker's figures are unknown, the archive's are not
+            log.warning("cannot read the log bounds (%s): shown as unknown", exc)
+            identity, bounds = None, {}
+        current = {t: f"{identity.cluster_id}-{i}" for t, i in identity.topics.items()
+                   if i is not None} if identity is not None else {}
+        grouped: dict[tuple[str, int, str | None], list[Segment]] = {}
+        for s in segments:
+            lineage = f"{s.lineage.cluster_id}-{s.lineage.topic_id}"
+            grouped.setdefault((s.lineage.topic, s.partition, lineage), []).append(s)
+        for topic, partition in bounds:
+            if not any(k[:2] == (topic, partition) and k[2] == current.get(topic)
+                       for k in grouped):
+                grouped[(topic, partition, current.get(topic))] = []
+        rows = []
+        for (topic, partition, lineage_text), kept in sorted(
+                grouped.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] or "")):
+            is_current = lineage_text == current.get(topic)
+            start, end = (bounds.get((topic, partition), (None, None)) if is_current
+                          else (None, None))
+            rows.append(PartitionArchive(
+                topic=topic, partition=partition, lineage=lineage_text,
+                current=None if identity is None else is_current,
+                archived_first=kept[0].first_offset if kept else None,
+                archived_end=kept[-1].end_offset if kept else None,
+                segments=len(kept), records=sum(s.records for s in kept),
+                gaps=sum(len(s.gap_offsets) for s in kept), bytes=sum(s.bytes for s in kept),
+                log_start=start, log_end=end))
+        return rows
+
+
+def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Sequence[str]
+                      ) -> list[str]:
+    """The topics named, or else every topic that a deployed job reads."""
+    from orchestrator.catalog import versions
+
+    if named:
+        return list(dict.fromkeys(named))
+    with conn.transaction():
+        deployed = versions.list_all(conn, settings.catalog_schema)
+    topics = sorted({t for v in deployed for t in v.spec.topics})
+    if not topics:
+        raise ArchiveError("no deployed job reads a topic yet: name the topics (`kappa archive "
+                           "run TOPIC ...`) or deploy a job first")
+    return topics
+
+
+def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connection],
+                 kafka: Kafka, named: Sequence[str], *, once: bool, interval_s: float,
+                 on_segment: Callable[[Segment], None], stop: Callable[[], bool]) -> int:
+    """Archive passes every ``interval_s`` until ``stop()`` (or one, with ``once``); returns
+    the segments written. An outage of the broker or PostgreSQL is waited out."""
+    from orchestrator.spark.failures import is_outage
+
+    written = 0
+    while True:
+        try:
+            with conn_factory() as conn:
+                archiver = Archiver(settings, conn, kafka)
+                written += len(archiver.archive(topics_to_archive(conn, settings, named),
+                                                on_segment))
+        except Exception as exc:
+            if once or not is_outage(exc):
+                raise
+            log.warning("archive pass stopped by an unreachable service (%s); trying again "
+                        "in %gs", exc, interval_s)
+        if once or stop():
+            return written
+        deadline = time.monotonic() + interval_s
+        while time.monotonic() < deadline and not stop():
+            time.sleep(min(0.2, interval_s))

@@ -1,0 +1,133 @@
+"""Segments as Parquet files under the archive root: a local path or any URI that pyarrow's
+filesystems accept.
+
+A segment is written whole and then put in place under its final name, so that a reader (and
+the manifest, which records a segment only after this) never sees half of one: on a local disk
+it is written to a temporary name, synced, renamed and its directory synced; an object store's
+PUT is atomic by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs
+
+from orchestrator.archive.segments import (
+    SEGMENT_SUFFIX,
+    ArchivedRecord,
+    ArchiveError,
+    parse_segment_name,
+)
+from orchestrator.failpoints import fail_point
+
+SCHEMA = pa.schema([
+    ("offset", pa.int64()),
+    ("timestamp_ms", pa.int64()),
+    ("timestamp_type", pa.int8()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", pa.list_(pa.struct([("name", pa.string()), ("value", pa.binary())]))),
+])
+_TEMPORARY = ".tmp-"
+
+
+class ParquetStore:
+    def __init__(self, root: str):
+        self.root = root
+        try:
+            self.fs, base = fs.FileSystem.from_uri(root) if "://" in root else (
+                fs.LocalFileSystem(), str(Path(root).absolute()))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ArchiveError(f"archive_root {root!r} is not a path or URI that pyarrow can "
+                               f"open ({exc}): fix archive_root") from exc
+        self.base = base.rstrip("/")
+        self.local = isinstance(self.fs, fs.LocalFileSystem)
+
+    def location(self, relative: str) -> str:
+        return f"{self.base}/{relative}"
+
+    def write(self, relative: str, records: Sequence[ArchivedRecord]) -> int:
+        """Write ``records`` as the segment ``relative``; return its size in bytes."""
+        table = to_table(records)
+        final = self.location(relative)
+        directory = final.rsplit("/", 1)[0]
+        try:
+            self.fs.create_dir(directory, recursive=True)
+            if not self.local:
+                pq.write_table(table, final, filesystem=self.fs, compression="zstd")
+                return int(self.fs.get_file_info(final).size)
+            temporary = f"{final}{_TEMPORARY}{uuid.uuid4().hex[:12]}"
+            with open(temporary, "wb") as out:
+                pq.write_table(table, out, compression="zstd")
+                out.flush()
+                os.fsync(out.fileno())
+            fail_point("archive.before_rename")
+            os.replace(temporary, final)
+            _sync_directory(directory)
+            return os.stat(final).st_size
+        except OSError as exc:
+            raise ArchiveError(f"cannot write segment {final} ({exc}): make archive_root "
+                               "writable, or point it elsewhere, and run `kappa archive run` "
+                               "again") from exc
+
+    def read(self, relative: str) -> list[ArchivedRecord]:
+        location = self.location(relative)
+        try:
+            table = pq.read_table(location, filesystem=self.fs, schema=SCHEMA)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ArchiveError(f"cannot read segment {location} ({exc}): it is gone or "
+                               "damaged; run `kappa archive verify`") from exc
+        return from_table(table)
+
+    def remove_unrecorded(self, directory: str, recorded: set[str], from_offset: int) -> list[str]:
+        """Delete what a crash left in a partition's directory: temporary files, and segments
+        at or past ``from_offset`` that the manifest does not hold. Returns their names."""
+        where = self.location(directory)
+        try:
+            infos = self.fs.get_file_info(fs.FileSelector(where, allow_not_found=True))
+        except OSError as exc:
+            raise ArchiveError(f"cannot list {where} ({exc}): make archive_root readable") \
+                from exc
+        removed = []
+        for info in infos:
+            name = info.base_name
+            bounds = parse_segment_name(name.split(_TEMPORARY, 1)[0])
+            temporary = _TEMPORARY in name and name.split(_TEMPORARY, 1)[0].endswith(
+                SEGMENT_SUFFIX)
+            leftover = bounds is not None and name not in recorded and bounds[0] >= from_offset
+            if temporary or (leftover and _TEMPORARY not in name):
+                self.fs.delete_file(info.path)
+                removed.append(name)
+        return removed
+
+
+def to_table(records: Sequence[ArchivedRecord]) -> pa.Table:
+    columns: list[Sequence[object]] = (list(zip(*records, strict=True)) if records
+                                       else [[] for _ in SCHEMA])
+    headers = [None if h is None else [{"name": n, "value": v} for n, v in h]  # type: ignore[attr-defined]
+               for h in columns[5]]
+    return pa.table([pa.array(columns[0], pa.int64()), pa.array(columns[1], pa.int64()),
+                     pa.array(columns[2], pa.int8()), pa.array(columns[3], pa.binary()),
+                     pa.array(columns[4], pa.binary()), pa.array(headers, SCHEMA.field(5).type)],
+                    schema=SCHEMA)
+
+
+def from_table(table: pa.Table) -> list[ArchivedRecord]:
+    rows = zip(*(table.column(name).to_pylist() for name in SCHEMA.names), strict=True)
+    return [(offset, ts, ts_type, key, value,
+             None if headers is None else [(h["name"], h["value"]) for h in headers])
+            for offset, ts, ts_type, key, value, headers in rows]
+
+
+def _sync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,138 @@
+"""The archive's domain: a segment is one partition's contiguous offset range of one log
+lineage, kept as an immutable file, and every offset in it is either a record or a gap.
+
+No driver library here: the checksum, the naming of files and the rules that keep a partition's
+segments free of holes and overlaps are plain Python, so that the writer, the restore and the
+verifier agree on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from orchestrator.errors import KappaError
+
+# (offset, timestamp ms, timestamp type, key, value, headers): the timestamp type is librdkafka's
+# (0 none, 1 create time, 2 log-append time); headers are [(name, value)] or None.
+ArchivedRecord = tuple[int, int, int, bytes | None, bytes | None,
+                       list[tuple[str, bytes | None]] | None]
+SEGMENT_SUFFIX = ".parquet"
+_NAME = re.compile(r"(\d{20})-(\d{20})\.parquet")
+_LONG = struct.Struct(">q")
+
+
+class ArchiveError(KappaError):
+    """The archive cannot be written or does not match its manifest: the message names the
+    segment and what to run."""
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """One log a topic name has stood for: a recreated topic (another id) or another cluster
+    starts a new lineage, whose offsets have nothing to do with the old one's."""
+
+    cluster_id: str
+    topic: str
+    topic_id: str
+
+    def directory(self, partition: int) -> str:
+        return f"{self.topic}/{self.cluster_id}-{self.topic_id}/p{partition}"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A manifest row: offsets [first_offset, end_offset) of one partition of one lineage."""
+
+    lineage: Lineage
+    partition: int
+    first_offset: int
+    end_offset: int
+    records: int
+    gap_offsets: tuple[int, ...]
+    bytes: int
+    checksum: str
+    path: str  # relative to the archive root
+
+    def __post_init__(self) -> None:
+        if self.end_offset <= self.first_offset:
+            raise ArchiveError(f"segment {self.path}: an empty range [{self.first_offset}, "
+                               f"{self.end_offset}) is not a segment")
+        if self.records + len(self.gap_offsets) != self.end_offset - self.first_offset:
+            raise ArchiveError(
+                f"segment {self.path}: {self.records} records and {len(self.gap_offsets)} gaps "
+                f"do not account for the {self.end_offset - self.first_offset} offsets of "
+                f"[{self.first_offset}, {self.end_offset})")
+
+
+def segment_name(first_offset: int, end_offset: int) -> str:
+    """Zero-padded, so that names sort as offsets do."""
+    return f"{first_offset:020d}-{end_offset:020d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    match = _NAME.fullmatch(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def segment_path(lineage: Lineage, partition: int, first_offset: int, end_offset: int) -> str:
+    return f"{lineage.directory(partition)}/{segment_name(first_offset, end_offset)}"
+
+
+def gap_offsets(first_offset: int, end_offset: int, offsets: Iterable[int]) -> tuple[int, ...]:
+    """The offsets of [first_offset, end_offset) that hold no record (transaction markers,
+    aborted or compacted records). ``offsets`` must be increasing and inside the range."""
+    gaps: list[int] = []
+    expected = first_offset
+    for offset in offsets:
+        if offset < expected or offset >= end_offset:
+            raise ArchiveError(f"offset {offset} is out of order or outside [{first_offset}, "
+                               f"{end_offset}): the log reader returned it twice or late")
+        gaps.extend(range(expected, offset))
+        expected = offset + 1
+    gaps.extend(range(expected, end_offset))
+    return tuple(gaps)
+
+
+def checksum(records: Iterable[ArchivedRecord]) -> str:
+    """SHA-256 over every field of every record, in offset order, each length-prefixed (a
+    missing key or value and an empty one differ)."""
+    digest = hashlib.sha256()
+    update = digest.update
+    for offset, timestamp_ms, timestamp_type, key, value, headers in records:
+        update(_LONG.pack(offset))
+        update(_LONG.pack(timestamp_ms))
+        update(_LONG.pack(timestamp_type))
+        _field(update, key)
+        _field(update, value)
+        update(_LONG.pack(-1 if headers is None else len(headers)))
+        for name, header_value in headers or ():
+            _field(update, name.encode())
+            _field(update, header_value)
+    return digest.hexdigest()
+
+
+def _field(update: object, data: bytes | None) -> None:
+    update(_LONG.pack(-1 if data is None else len(data)))  # type: ignore[operator]
+    if data:
+        update(data)  # type: ignore[operator]
+
+
+def next_offset(segments: Sequence[Segment], log_start: int) -> int:
+    """Where the next segment of a partition starts: the end of the last one, or the log start
+    for a partition not archived yet."""
+    return segments[-1].end_offset if segments else log_start
+
+
+def check_contiguous(segments: Sequence[Segment]) -> None:
+    """Segments of one partition, in order, must tile their range: no hole, no overlap."""
+    for before, after in pairwise(segments):
+        if after.first_offset != before.end_offset:
+            kind = "a hole" if after.first_offset > before.end_offset else "an overlap"
+            raise ArchiveError(
+                f"{kind} between segments {before.path} and {after.path}: the manifest is "
+                "damaged; run `kappa archive verify` and restore the catalog from a backup")

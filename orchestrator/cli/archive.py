@@ -1,0 +1,81 @@
+"""`kappa archive run|status`: the columnar copy of the logs that jobs read."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from orchestrator.cli.output import print_json, table
+
+
+def add_archive_parser(sub: Any) -> None:
+    a = sub.add_parser("archive", help="the archive of the log: Parquet segments of every topic "
+                       "a deployed job reads")
+    actions = a.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (("run", "copy the logs into segments, every --interval seconds"),
+                       ("status", "per partition: archived range, log range, records behind")):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("topics", nargs="*", metavar="TOPIC",
+                            help="the topics (default: every topic a deployed job reads)")
+        action.add_argument("--json", action="store_true")
+        if name == "run":
+            action.add_argument("--once", action="store_true", help="one pass up to the log end")
+            action.add_argument("--interval", type=float, default=5.0,
+                                help="seconds between passes")
+
+
+def run_archive(service: Any, args: argparse.Namespace) -> int:
+    if args.action == "status":
+        rows = service.archive_status(args.topics)
+        if args.json:
+            print_json([_row_json(r) for r in rows])
+        else:
+            print(table(["topic", "partition", "lineage", "archived", "log", "behind",
+                         "segments", "records", "gaps", "bytes"],
+                        [[r.topic, r.partition, _text(r.lineage, r.current),
+                          _range(r.archived_first, r.archived_end),
+                          _range(r.log_start, r.log_end), _unknown(r.behind), r.segments,
+                          r.records, r.gaps, r.bytes] for r in rows])
+                  if rows else "nothing archived yet: `kappa archive run`")
+        return 0
+    stopping = threading.Event()
+    if not args.once:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.set())
+
+    def said(segment: Any) -> None:
+        if not args.json:
+            print(f"archived {segment.lineage.topic}/{segment.partition} "
+                  f"[{segment.first_offset}, {segment.end_offset}): {segment.records:,} "
+                  f"records, {len(segment.gap_offsets):,} gaps, {segment.bytes:,} bytes",
+                  flush=True)
+
+    written = service.archive(args.topics, once=args.once, interval_s=args.interval,
+                              on_segment=said, stop=stopping.is_set)
+    if args.json:
+        print_json({"segments_written": written})
+    return 0
+
+
+def _row_json(r: Any) -> dict[str, Any]:
+    return {"topic": r.topic, "partition": r.partition, "lineage": r.lineage,
+            "current": r.current, "archived_first": r.archived_first,
+            "archived_end": r.archived_end, "log_start": r.log_start, "log_end": r.log_end,
+            "behind": r.behind, "segments": r.segments, "records": r.records, "gaps": r.gaps,
+            "bytes": r.bytes}
+
+
+def _range(first: int | None, end: int | None) -> str:
+    return "-" if first is None or end is None else f"[{first:,}, {end:,})"
+
+
+def _unknown(value: int | None) -> str:
+    return "unknown" if value is None else f"{value:,}"
+
+
+def _text(lineage: str | None, current: bool | None) -> str:
+    if lineage is None:
+        return "-"
+    return lineage + ("" if current is not False else " (gone)")

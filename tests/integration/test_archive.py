@@ -1,0 +1,152 @@
+"""The archive of the log, written from a real broker into Parquet files under a real
+PostgreSQL manifest: every offset is a record or a gap, the records are the log's, and crashes
+at the fail points between a segment's write, its rename and its record leave no half segment,
+no hole and no overlap. A recreated topic starts a new lineage."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from conftest import kappa_cli, wait_until
+
+pytestmark = [pytest.mark.integration]
+
+
+def _manifest(settings, topic: str) -> list:
+    from orchestrator.catalog import archive_manifest
+    from orchestrator.catalog.db import connect
+
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        return [s for s in archive_manifest.segments(conn, settings.catalog_schema)
+                if s.lineage.topic == topic]
+
+
+def _status(settings, topic: str) -> list[dict]:
+    done = kappa_cli(settings, "archive", "status", topic, "--json")
+    assert done.returncode == 0, done.stderr
+    return [row for row in json.loads(done.stdout) if row["topic"] == topic]
+
+
+def _run(settings, topic: str, fail_points: str | None = None) -> int:
+    import os
+
+    extra = {"KAPPA_FAIL_POINTS": fail_points} if fail_points else {}
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        done = kappa_cli(settings, "archive", "run", "--once", topic)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode
+
+
+def test_a_transactional_log_is_archived_offset_for_offset_across_crashes(
+        settings, topic: str) -> None:
+    from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.archive.segments import checksum
+    from orchestrator.failpoints import EXIT_STATUS
+    from orchestrator.kafka.offsets import log_bounds
+    from orchestrator.kafka.reader import read_range
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=1_500)
+    service = Orchestrator(settings)
+    # Transactions of 1,000 records, every 5th aborted: their markers are offsets with no record.
+    service.produce_sample(topic, 12_000, seed=131, transactional=True)
+    # A death after a segment was written under its temporary name, then one after it was put
+    # in place but before the manifest held it; then a clean run.
+    assert _run(settings, topic, "archive.before_rename=2*off->1*exit") == EXIT_STATUS
+    assert _run(settings, topic, "archive.before_record=1*off->1*exit") == EXIT_STATUS
+    crashed = _manifest(settings, topic)
+    assert len(crashed) == 3  # two segments before the first death, one before the second
+    assert _run(settings, topic) == 0
+
+    bounds = log_bounds(settings.kafka, [topic])
+    segments = _manifest(settings, topic)
+    assert segments[:3] == crashed  # recorded segments are never rewritten
+    store = ParquetStore(str(settings.state_dir / "archive"))
+    root = settings.state_dir / "archive"
+    assert not [p for p in root.rglob("*") if ".tmp-" in p.name]
+    on_disk = sorted(str(p.relative_to(root)) for p in root.rglob("*.parquet"))
+    assert on_disk == sorted(s.path for s in segments)  # nothing unrecorded is left
+    group = f"test-archive-{uuid.uuid4().hex[:8]}"
+    total_gaps = 0
+    for (name, partition), (start, end) in bounds.items():
+        mine = [s for s in segments if s.partition == partition]
+        assert mine[0].first_offset == start and mine[-1].end_offset == end
+        assert all(a.end_offset == b.first_offset for a, b in pairwise(mine))
+        for s in mine:
+            archived = store.read(s.path)
+            from_log = [r for batch in read_range(settings.kafka, name, partition,
+                                                  s.first_offset, s.end_offset, group,
+                                                  timestamp_types=True) for r in batch]
+            assert archived == from_log and s.checksum == checksum(archived)  # type: ignore[arg-type]
+            assert s.records + len(s.gap_offsets) == s.end_offset - s.first_offset
+            assert not set(s.gap_offsets) & {r[0] for r in archived}
+            total_gaps += len(s.gap_offsets)
+    assert total_gaps >= 12  # one marker per transaction at least
+
+    rows = _status(settings, topic)
+    assert len(rows) == len(bounds) and all(r["behind"] == 0 and r["current"] for r in rows)
+    assert sum(r["records"] for r in rows) == sum(s.records for s in segments)
+    service.produce_sample(topic, 400, seed=132)
+    after = log_bounds(settings.kafka, [topic])
+    rows = _status(settings, topic)
+    assert sum(r["behind"] for r in rows) == sum(
+        e for _, e in after.values()) - sum(e for _, e in bounds.values()) > 0
+
+
+def test_a_recreated_topic_starts_a_new_lineage(settings, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from orchestrator.errors import KappaError
+    from orchestrator.kafka.admin import ensure_topic
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 2_000, seed=133)
+    assert _run(settings, topic) == 0
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin.delete_topics([topic], operation_timeout=10)[topic].result()
+
+    def recreated() -> bool:
+        try:
+            return ensure_topic(settings.kafka_bootstrap, topic, 4)
+        except KappaError:
+            return False
+
+    wait_until(recreated, 30, f"{topic} to be created again")
+    service.produce_sample(topic, 500, seed=134)
+    assert _run(settings, topic) == 0
+    lineages = {(s.lineage.cluster_id, s.lineage.topic_id) for s in _manifest(settings, topic)}
+    assert len(lineages) == 2
+    rows = _status(settings, topic)
+    current = [r for r in rows if r["current"]]
+    assert sum(r["records"] for r in current) == 500 and all(r["behind"] == 0 for r in current)
+    gone = [r for r in rows if r["current"] is False]
+    assert sum(r["records"] for r in gone) == 2_000
+    assert all(r["log_end"] is None and r["behind"] is None for r in gone)  # unknown, not 0
+
+
+def test_an_unwritable_archive_root_stops_with_one_line(settings, topic: str,
+                                                         tmp_path: Path) -> None:
+    from orchestrator.service import Orchestrator
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    settings = replace(settings, archive_root=str(blocker / "archive"))
+    Orchestrator(settings).produce_sample(topic, 100, seed=135)
+    done = kappa_cli(settings, "archive", "run", "--once", topic)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "cannot write segment" in line and "archive_root" in line, line
+    assert _manifest(settings, topic) == []

@@ -1,0 +1,95 @@
+"""The archive's domain rules and the Parquet store's round trip, on plain data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.archive.parquet_store import ParquetStore
+from orchestrator.archive.segments import (
+    ArchiveError,
+    Lineage,
+    Segment,
+    check_contiguous,
+    checksum,
+    gap_offsets,
+    next_offset,
+    parse_segment_name,
+    segment_name,
+    segment_path,
+)
+
+LINEAGE = Lineage("cluster-a", "pageviews", "topic-1")
+
+
+def _segment(first: int, end: int, gaps: tuple[int, ...] = ()) -> Segment:
+    return Segment(LINEAGE, 0, first, end, end - first - len(gaps), gaps, 10, "x",
+                   segment_path(LINEAGE, 0, first, end))
+
+
+def test_every_offset_is_a_record_or_a_gap() -> None:
+    assert gap_offsets(10, 20, [10, 11, 13, 17]) == (12, 14, 15, 16, 18, 19)
+    assert gap_offsets(0, 3, []) == (0, 1, 2)
+    with pytest.raises(ArchiveError, match="out of order"):
+        gap_offsets(0, 10, [3, 3])
+    with pytest.raises(ArchiveError, match="outside"):
+        gap_offsets(0, 10, [10])
+    with pytest.raises(ArchiveError, match="do not account"):
+        Segment(LINEAGE, 0, 0, 10, 9, (), 1, "x", "p")
+
+
+def test_names_sort_as_offsets_and_parse_back() -> None:
+    names = [segment_name(a, b) for a, b in ((0, 9), (9, 100), (100, 12_345))]
+    assert sorted(names) == names
+    assert [parse_segment_name(n) for n in names] == [(0, 9), (9, 100), (100, 12_345)]
+    assert parse_segment_name("00-1.parquet") is None
+    assert segment_path(LINEAGE, 3, 0, 9).startswith("pageviews/cluster-a-topic-1/p3/")
+
+
+def test_the_checksum_tells_every_field_apart() -> None:
+    base = (5, 1_700_000_000_000, 1, b"k", b"v", [("h", b"1")])
+    variants = [(6, *base[1:]), (5, 1, *base[2:]), (*base[:2], 2, *base[3:]),
+                (*base[:3], None, *base[4:]), (*base[:3], b"", *base[4:]),
+                (*base[:4], b"w", base[5]), (*base[:5], None), (*base[:5], []),
+                (*base[:5], [("h", None)])]
+    digests = {checksum([base]), *(checksum([v]) for v in variants)}  # type: ignore[list-item]
+    assert len(digests) == 1 + len(variants)
+    assert checksum([base, base]) != checksum([base])
+
+
+def test_segments_must_tile_their_partition() -> None:
+    check_contiguous([_segment(0, 10), _segment(10, 25, (12,))])
+    assert next_offset([_segment(0, 10), _segment(10, 25)], 0) == 25
+    assert next_offset([], 7) == 7
+    with pytest.raises(ArchiveError, match="a hole"):
+        check_contiguous([_segment(0, 10), _segment(11, 20)])
+    with pytest.raises(ArchiveError, match="an overlap"):
+        check_contiguous([_segment(0, 10), _segment(9, 20)])
+
+
+def test_the_store_round_trips_records_and_cleans_what_a_crash_left(tmp_path: Path) -> None:
+    store = ParquetStore(str(tmp_path / "archive"))
+    records = [(0, 1_700_000_000_000, 1, None, b"{}", None),
+               (2, 1_700_000_000_001, 0, b"", None, [("trace", b"x"), ("empty", None)])]
+    path = segment_path(LINEAGE, 0, 0, 3)
+    size = store.write(path, records)  # type: ignore[arg-type]
+    assert size == (tmp_path / "archive" / path).stat().st_size > 0
+    assert store.read(path) == records
+    directory = tmp_path / "archive" / LINEAGE.directory(0)
+    (directory / f"{segment_name(3, 9)}.tmp-abc").write_bytes(b"half")
+    (directory / segment_name(3, 9)).write_bytes(b"unrecorded")
+    removed = store.remove_unrecorded(LINEAGE.directory(0), {segment_name(0, 3)}, 3)
+    assert sorted(removed) == sorted([f"{segment_name(3, 9)}.tmp-abc", segment_name(3, 9)])
+    assert [p.name for p in directory.iterdir()] == [segment_name(0, 3)]
+
+
+def test_an_unwritable_root_names_the_segment_and_what_to_do(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = ParquetStore(str(blocker / "archive"))
+    with pytest.raises(ArchiveError, match=r"cannot write segment .*p0/0+-0+3\.parquet.*"
+                                           "archive_root"):
+        store.write(segment_path(LINEAGE, 0, 0, 3), [(0, 0, 0, None, None, None)])
+    with pytest.raises(ArchiveError, match="gone or damaged"):
+        store.read(segment_path(LINEAGE, 0, 0, 3))
