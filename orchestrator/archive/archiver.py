@@ -14,13 +14,16 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import psycopg
 
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.segments import (
+    ArchivedRecord,
     ArchiveError,
     Lineage,
+    PartitionArchive,
     Segment,
     check_contiguous,
     checksum,
@@ -40,34 +43,15 @@ from orchestrator.settings import Settings
 log = logging.getLogger("kappa.archive")
 
 
+def read_archived(kafka: Kafka, topic: str, partition: int, first: int, end: int,
+                  group_id: str) -> list[ArchivedRecord]:
+    """Every record of [first, end) as the archive keeps it."""
+    return [cast(ArchivedRecord, record) for batch in read_range(
+        kafka, topic, partition, first, end, group_id, timestamp_types=True) for record in batch]
+
+
 def archive_root(settings: Settings) -> str:
     return settings.archive_root or str(settings.state_dir / "archive")
-
-
-@dataclass(frozen=True)
-class PartitionArchive:
-    """What `kappa archive status` shows for one partition of one topic. A figure the broker
-    could not give is None (unknown), never 0."""
-
-    topic: str
-    partition: int
-    lineage: str | None  # "<cluster id>-<topic id>"
-    current: bool | None  # whether the broker holds this lineage now (None: unknown)
-    archived_first: int | None
-    archived_end: int | None
-    segments: int
-    records: int
-    gaps: int
-    bytes: int
-    log_start: int | None
-    log_end: int | None
-
-    @property
-    def behind(self) -> int | None:
-        if self.log_end is None:
-            return None
-        return self.log_end - (self.archived_end if self.archived_end is not None
-                               else self.log_start or 0)
 
 
 class Archiver:
@@ -125,15 +109,13 @@ class Archiver:
         return written
 
     def _write(self, lineage: Lineage, partition: int, first: int, end: int) -> Segment:
-        records = [record for batch in read_range(
-            self.kafka, lineage.topic, partition, first, end, self.group_id,
-            timestamp_types=True) for record in batch]
+        records = read_archived(self.kafka, lineage.topic, partition, first, end, self.group_id)
         gaps = gap_offsets(first, end, (r[0] for r in records))
         path = segment_path(lineage, partition, first, end)
-        size = self.store.write(path, records)  # type: ignore[arg-type]
+        size = self.store.write(path, records)
         fail_point("archive.before_record")
         segment = Segment(lineage, partition, first, end, len(records), gaps, size,
-                          checksum(records), path)  # type: ignore[arg-type]
+                          checksum(records), path)
         with self.conn.transaction():
             manifest.record(self.conn, self.schema, segment)
         return segment
@@ -179,18 +161,14 @@ class Archiver:
 
 def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Sequence[str]
                       ) -> list[str]:
-    """The topics named, or else every topic that a deployed job reads."""
+    """The topics named, or else every topic that a deployed job reads (maybe none yet)."""
     from orchestrator.catalog import versions
 
     if named:
         return list(dict.fromkeys(named))
     with conn.transaction():
         deployed = versions.list_all(conn, settings.catalog_schema)
-    topics = sorted({t for v in deployed for t in v.spec.topics})
-    if not topics:
-        raise ArchiveError("no deployed job reads a topic yet: name the topics (`kappa archive "
-                           "run TOPIC ...`) or deploy a job first")
-    return topics
+    return sorted({t for v in deployed for t in v.spec.topics})
 
 
 def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connection],
@@ -204,9 +182,11 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
     while True:
         try:
             with conn_factory() as conn:
-                archiver = Archiver(settings, conn, kafka)
-                written += len(archiver.archive(topics_to_archive(conn, settings, named),
-                                                on_segment))
+                topics = topics_to_archive(conn, settings, named)
+                if once and not topics:
+                    raise ArchiveError("no deployed job reads a topic yet: name the topics "
+                                       "(`kappa archive run TOPIC ...`) or deploy a job first")
+                written += len(Archiver(settings, conn, kafka).archive(topics, on_segment))
         except Exception as exc:
             if once or not is_outage(exc):
                 raise
@@ -217,3 +197,48 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
         deadline = time.monotonic() + interval_s
         while time.monotonic() < deadline and not stop():
             time.sleep(min(0.2, interval_s))
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    segments: int  # files read back and checked against their manifest checksum
+    compared: int  # of those, compared record by record with the log the broker still holds
+    records: int  # records compared with the log
+
+
+def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
+    """Read every segment back; its checksum must be the manifest's, and where the broker
+    still holds its range (same lineage), its records must be the log's, field by field."""
+    with archiver.conn.transaction():
+        segments = [s for s in manifest.segments(archiver.conn, archiver.schema)
+                    if not topics or s.lineage.topic in topics]
+    names = sorted({s.lineage.topic for s in segments})
+    identity = log_identity(archiver.kafka, names) if names else None
+    bounds = log_bounds(archiver.kafka, names) if names else {}
+    compared = records = 0
+    for s in segments:
+        archived = archiver.store.read(s.path)
+        if checksum(archived) != s.checksum or len(archived) != s.records:
+            raise ArchiveError(
+                f"segment {archiver.store.location(s.path)} differs from the manifest (its "
+                "checksum or record count): it changed after it was written; restore it from a "
+                "backup, or remove its manifest row and the rows after it to archive the range "
+                "again while the broker still holds it")
+        held = bounds.get((s.lineage.topic, s.partition))
+        same_log = identity is not None and identity.cluster_id == s.lineage.cluster_id and \
+            identity.topics.get(s.lineage.topic) == s.lineage.topic_id
+        if not same_log or held is None or not (held[0] <= s.first_offset
+                                                and s.end_offset <= held[1]):
+            continue
+        from_log = read_archived(archiver.kafka, s.lineage.topic, s.partition, s.first_offset,
+                                 s.end_offset, archiver.group_id)
+        if from_log != archived:
+            first = next((a[0] for a, b in zip(archived, from_log, strict=False) if a != b),
+                         min(len(archived), len(from_log)))
+            raise ArchiveError(
+                f"segment {archiver.store.location(s.path)} differs from the log at or near "
+                f"offset {first}: the log was rewritten under the same topic id, or the "
+                "segment was written wrong; do not restore it, and report it")
+        compared += 1
+        records += len(archived)
+    return VerifyReport(len(segments), compared, records)

@@ -85,15 +85,24 @@ class ParquetStore:
                                "damaged; run `kappa archive verify`") from exc
         return from_table(table)
 
-    def remove_unrecorded(self, directory: str, recorded: set[str], from_offset: int) -> list[str]:
-        """Delete what a crash left in a partition's directory: temporary files, and segments
-        at or past ``from_offset`` that the manifest does not hold. Returns their names."""
+    def files(self, directory: str) -> list[fs.FileInfo]:
         where = self.location(directory)
         try:
-            infos = self.fs.get_file_info(fs.FileSelector(where, allow_not_found=True))
+            return list(self.fs.get_file_info(fs.FileSelector(where, allow_not_found=True)))
         except OSError as exc:
             raise ArchiveError(f"cannot list {where} ({exc}): make archive_root readable") \
                 from exc
+
+    def remove_unrecorded(self, directory: str, recorded: set[str], from_offset: int) -> list[str]:
+        """Delete what a crash left in a partition's directory: temporary files, and segments
+        at or past ``from_offset`` that the manifest does not hold. Returns their names; a
+        recorded segment that is not there stops the archive."""
+        infos = self.files(directory)
+        present = {info.base_name for info in infos}
+        for name in sorted(recorded - present):
+            raise ArchiveError(
+                f"segment {self.location(directory)}/{name} is in the manifest but gone from "
+                "archive_root: restore it from a backup, then run `kappa archive verify`")
         removed = []
         for info in infos:
             name = info.base_name

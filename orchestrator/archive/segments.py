@@ -136,3 +136,29 @@ def check_contiguous(segments: Sequence[Segment]) -> None:
             raise ArchiveError(
                 f"{kind} between segments {before.path} and {after.path}: the manifest is "
                 "damaged; run `kappa archive verify` and restore the catalog from a backup")
+
+
+@dataclass(frozen=True)
+class PartitionArchive:
+    """What `kappa archive status` shows for one partition of one topic. A figure the broker
+    could not give is None (unknown), never 0."""
+
+    topic: str
+    partition: int
+    lineage: str | None  # "<cluster id>-<topic id>"
+    current: bool | None  # whether the broker holds this lineage now (None: unknown)
+    archived_first: int | None
+    archived_end: int | None
+    segments: int
+    records: int
+    gaps: int
+    bytes: int
+    log_start: int | None
+    log_end: int | None
+
+    @property
+    def behind(self) -> int | None:
+        if self.log_end is None:
+            return None
+        return self.log_end - (self.archived_end if self.archived_end is not None
+                               else self.log_start or 0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
 import time
 from typing import Any
 
@@ -13,6 +15,9 @@ from orchestrator.supervisor import Supervisor
 
 
 def run_agent(service: Any, args: argparse.Namespace) -> int:
+    if getattr(args, "archive", False):
+        threading.Thread(target=_archive_for_ever, args=(service,), name="kappa-archive",
+                         daemon=True).start()
     limits = Thresholds(window_s=args.window)
     supervise = getattr(args, "restart", False)
     supervisor = Supervisor(service)
@@ -21,8 +26,9 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
         if supervise:
             supervisor.tick()
         lags = tuple(service.lag(limits=limits))
+        archive = tuple(service.archive_status()) if getattr(args, "archive", False) else ()
         return Snapshot(lags=lags, statuses=tuple(service.status(exact_rows=False)),
-                        aliases=tuple(service.aliases()), taken_at=time.time())
+                        aliases=tuple(service.aliases()), archive=archive, taken_at=time.time())
 
     def ready(port: int) -> None:
         restarting = "; restarting this host's crashed drivers" if supervise else ""
@@ -31,3 +37,24 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
 
     serve(take, host=args.host, port=args.port, interval_s=args.interval, ready=ready)
     return 0
+
+
+_ARCHIVE_RETRY_S = 60.0
+
+
+def _archive_for_ever(service: Any) -> None:
+    """The archiver beside the exporter: outages are waited out inside it; anything else (an
+    archive_root that cannot be written, a damaged segment) stops it for a minute, said in one
+    line, while metrics go on."""
+    from orchestrator.errors import KappaError
+
+    while True:
+        try:
+            service.archive()
+        except KappaError as exc:
+            print(f"archive stopped: {exc} (trying again in {_ARCHIVE_RETRY_S:g}s)",
+                  file=sys.stderr, flush=True)
+        except Exception as exc:  # a thread's death would go unseen: say it, try again
+            print(f"archive stopped: {type(exc).__name__}: {exc} (trying again in "
+                  f"{_ARCHIVE_RETRY_S:g}s)", file=sys.stderr, flush=True)
+        time.sleep(_ARCHIVE_RETRY_S)

@@ -15,7 +15,8 @@ def add_archive_parser(sub: Any) -> None:
                        "a deployed job reads")
     actions = a.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (("run", "copy the logs into segments, every --interval seconds"),
-                       ("status", "per partition: archived range, log range, records behind")):
+                       ("status", "per partition: archived range, log range, records behind"),
+                       ("verify", "read every segment back against the manifest and the log")):
         action = actions.add_parser(name, help=text)
         action.add_argument("topics", nargs="*", metavar="TOPIC",
                             help="the topics (default: every topic a deployed job reads)")
@@ -39,6 +40,15 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
                           _range(r.log_start, r.log_end), _unknown(r.behind), r.segments,
                           r.records, r.gaps, r.bytes] for r in rows])
                   if rows else "nothing archived yet: `kappa archive run`")
+        return 0
+    if args.action == "verify":
+        report = service.archive_verify(args.topics)
+        if args.json:
+            print_json({"segments": report.segments, "compared_with_log": report.compared,
+                        "records_compared": report.records})
+        else:
+            print(f"{report.segments:,} segments match their checksums; {report.compared:,} of "
+                  f"them ({report.records:,} records) match the log the broker still holds")
         return 0
     stopping = threading.Event()
     if not args.once:

@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
         if name == "agent":
             m.add_argument("--no-restart", dest="restart", action="store_false",
                            help="do not restart this host's drivers that died")
+            m.add_argument("--no-archive", dest="archive", action="store_false",
+                           help="do not archive the topics that deployed jobs read")
 
     pr = _command(sub, "promote", "switch an alias to a version", "job", "version", alias=True)
     pr.add_argument("--force", action="store_true",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from orchestrator.archive.segments import PartitionArchive
 from orchestrator.lag import LagState
 from orchestrator.models import AliasState, VersionLag, VersionStatus
 
@@ -32,6 +33,7 @@ class Snapshot:
     statuses: tuple[VersionStatus, ...] = ()
     taken_at: float = 0.0  # seconds since the epoch; 0 before the first success
     aliases: tuple[AliasState, ...] = ()
+    archive: tuple[PartitionArchive, ...] = ()
 
 
 @dataclass
@@ -87,6 +89,7 @@ class KappaCollector(Collector):
         yield from lag_metrics(snap.lags)
         yield from status_metrics(snap.statuses)
         yield from alias_metrics(snap.aliases, snap.statuses)
+        yield from archive_metrics(snap.archive)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
         stale.add_metric([], 1.0 if self.sampler.is_stale() else 0.0)
@@ -190,3 +193,23 @@ def alias_metrics(aliases: Sequence[AliasState], statuses: Sequence[VersionStatu
     yield target
     yield split
     yield switches
+
+
+def archive_metrics(rows: Sequence[PartitionArchive]) -> Iterator[GaugeMetricFamily]:
+    """The archive of the lineage each topic has now; earlier lineages stay in `kappa archive
+    status`, not in series that would never change again."""
+    labels = ("topic", "partition")
+    figures: dict[str, tuple[str, Callable[[PartitionArchive], float | None]]] = {
+        "archive_lag_records": ("Records of the log not archived yet", lambda r: r.behind),
+        "archive_end_offset": ("Offset the next archived segment starts at",
+                               lambda r: r.archived_end),
+        "archive_segments": ("Segments archived", lambda r: r.segments),
+        "archive_bytes": ("Bytes of the archived segments", lambda r: r.bytes),
+    }
+    for name, (doc, value) in figures.items():
+        family = _gauge(name, doc, labels)
+        for row in rows:
+            figure = value(row)
+            if row.current and figure is not None:  # unknown is no series, never 0
+                family.add_metric([row.topic, str(row.partition)], float(figure))
+        yield family

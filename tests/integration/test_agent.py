@@ -76,6 +76,10 @@ def test_the_agent_restarts_a_killed_driver_and_the_output_stays_exact(
             wait_until(lambda: service.version_status(job, "v1").attempt >= 2, 60,
                        "the agent to restart the driver", poll_s=0.5)
             final = service.wait(job, "v1", timeout_s=240)
+            # The agent archives the topic the job reads, up to the log end.
+            wait_until(lambda: (rows := service.archive_status([topic])) and all(
+                r.behind == 0 and r.current for r in rows) and sum(
+                r.records for r in rows) == 60_000, 120, "the agent to archive the topic")
             ref = compute(settings.kafka_bootstrap, topic)
             assert output(settings, f"{job}__v1") == ref.v1
             assert dead_letters(settings, f"{job}__v1__dead_letters") == ref.invalid_offsets

@@ -150,3 +150,29 @@ def test_an_unwritable_archive_root_stops_with_one_line(settings, topic: str,
     (line,) = done.stderr.strip().splitlines()
     assert "cannot write segment" in line and "archive_root" in line, line
     assert _manifest(settings, topic) == []
+
+
+def test_verify_reads_back_and_a_damaged_or_missing_segment_stops_with_one_line(
+        settings, topic: str) -> None:
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=1_000)
+    Orchestrator(settings).produce_sample(topic, 3_000, seed=136)
+    assert _run(settings, topic) == 0
+    done = kappa_cli(settings, "archive", "verify", topic, "--json")
+    assert done.returncode == 0, done.stderr
+    segments = _manifest(settings, topic)
+    assert json.loads(done.stdout) == {"segments": len(segments),
+                                       "compared_with_log": len(segments),
+                                       "records_compared": 3_000}
+    root = settings.state_dir / "archive"
+    first, second = segments[0], segments[1]
+    (root / first.path).write_bytes((root / second.path).read_bytes())  # a valid file, wrong
+    done = kappa_cli(settings, "archive", "verify", topic)
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and first.path in line and "differs from the manifest" in line
+    (root / second.path).unlink()
+    done = kappa_cli(settings, "archive", "run", "--once", topic)
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "gone from archive_root" in line, line
+    assert second.path.rsplit("/", 1)[-1] in line
