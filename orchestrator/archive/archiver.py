@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import psycopg
@@ -37,6 +37,7 @@ from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import log_identity
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka.reader import read_range
+from orchestrator.kafka.timestamps import record_timestamps
 from orchestrator.kafka_endpoint import Kafka
 from orchestrator.settings import Settings
 
@@ -156,7 +157,24 @@ class Archiver:
                 segments=len(kept), records=sum(s.records for s in kept),
                 gaps=sum(len(s.gap_offsets) for s in kept), bytes=sum(s.bytes for s in kept),
                 log_start=start, log_end=end))
-        return rows
+        return self._with_lag_seconds(rows)
+
+    def _with_lag_seconds(self, rows: list[PartitionArchive]) -> list[PartitionArchive]:
+        """The age of each current partition's oldest record not archived yet: 0 when none
+        is behind, unknown when its timestamp cannot be read."""
+        behind = {(r.topic, r.partition): (r.archived_end if r.archived_end is not None
+                                           else r.log_start or 0)
+                  for r in rows if r.current and r.behind}
+        try:
+            stamps = record_timestamps(self.kafka, behind) if behind else {}
+        except KappaError as exc:
+            log.warning("cannot read the archive's oldest unarchived records (%s)", exc)
+            stamps = {}
+        now_ms = time.time() * 1000
+        return [replace(r, lag_seconds=(
+            0.0 if r.behind == 0 else
+            max(0.0, (now_ms - stamps[(r.topic, r.partition)]) / 1000)
+            if (r.topic, r.partition) in stamps else None)) if r.current else r for r in rows]
 
 
 def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Sequence[str]

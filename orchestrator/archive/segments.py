@@ -155,6 +155,7 @@ class PartitionArchive:
     bytes: int
     log_start: int | None
     log_end: int | None
+    lag_seconds: float | None = None  # age of the oldest record not archived yet; 0 if none
 
     @property
     def behind(self) -> int | None:

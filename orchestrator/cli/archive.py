@@ -34,10 +34,12 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
             print_json([_row_json(r) for r in rows])
         else:
             print(table(["topic", "partition", "lineage", "archived", "log", "behind",
-                         "segments", "records", "gaps", "bytes"],
+                         "behind (s)", "segments", "records", "gaps", "bytes"],
                         [[r.topic, r.partition, _text(r.lineage, r.current),
                           _range(r.archived_first, r.archived_end),
-                          _range(r.log_start, r.log_end), _unknown(r.behind), r.segments,
+                          _range(r.log_start, r.log_end), _unknown(r.behind),
+                          "unknown" if r.lag_seconds is None else f"{r.lag_seconds:.1f}",
+                          r.segments,
                           r.records, r.gaps, r.bytes] for r in rows])
                   if rows else "nothing archived yet: `kappa archive run`")
         return 0
@@ -73,8 +75,8 @@ def _row_json(r: Any) -> dict[str, Any]:
     return {"topic": r.topic, "partition": r.partition, "lineage": r.lineage,
             "current": r.current, "archived_first": r.archived_first,
             "archived_end": r.archived_end, "log_start": r.log_start, "log_end": r.log_end,
-            "behind": r.behind, "segments": r.segments, "records": r.records, "gaps": r.gaps,
-            "bytes": r.bytes}
+            "behind": r.behind, "lag_seconds": r.lag_seconds, "segments": r.segments,
+            "records": r.records, "gaps": r.gaps, "bytes": r.bytes}
 
 
 def _range(first: int | None, end: int | None) -> str:

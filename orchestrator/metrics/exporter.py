@@ -201,6 +201,8 @@ def archive_metrics(rows: Sequence[PartitionArchive]) -> Iterator[GaugeMetricFam
     labels = ("topic", "partition")
     figures: dict[str, tuple[str, Callable[[PartitionArchive], float | None]]] = {
         "archive_lag_records": ("Records of the log not archived yet", lambda r: r.behind),
+        "archive_lag_seconds": ("Age of the oldest record not archived yet, 0 when none",
+                                lambda r: r.lag_seconds),
         "archive_end_offset": ("Offset the next archived segment starts at",
                                lambda r: r.archived_end),
         "archive_segments": ("Segments archived", lambda r: r.segments),

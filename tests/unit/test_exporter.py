@@ -131,7 +131,8 @@ def test_a_partition_behind_without_a_timestamp_has_an_unknown_age() -> None:
 def test_the_archive_of_the_current_lineage_is_exported_and_unknown_is_no_series() -> None:
     from orchestrator.archive.segments import PartitionArchive
 
-    rows = (PartitionArchive("pageviews", 0, "c-t2", True, 0, 900, 2, 880, 20, 4096, 0, 1000),
+    rows = (PartitionArchive("pageviews", 0, "c-t2", True, 0, 900, 2, 880, 20, 4096, 0, 1000,
+                             3.5),
             PartitionArchive("pageviews", 1, "c-t2", True, None, None, 0, 0, 0, 0, None, None),
             PartitionArchive("pageviews", 0, "c-t1", False, 0, 50, 1, 50, 0, 100, None, None))
     sampler = Sampler(take=lambda: Snapshot(taken_at=time.time(), archive=rows))
@@ -139,9 +140,10 @@ def test_the_archive_of_the_current_lineage_is_exported_and_unknown_is_no_series
     got = _scrape(sampler)
     labels = '{partition="0",topic="pageviews"}'
     assert got[f"kappa_archive_lag_records{labels}"] == 100
+    assert got[f"kappa_archive_lag_seconds{labels}"] == 3.5
     assert got[f"kappa_archive_end_offset{labels}"] == 900
     assert got[f"kappa_archive_segments{labels}"] == 2  # the old lineage's segment is not added
     assert got[f"kappa_archive_bytes{labels}"] == 4096
-    assert not [k for k in got if k.startswith("kappa_archive_lag_records")
+    assert not [k for k in got if k.startswith("kappa_archive_lag_")
                 and 'partition="1"' in k]  # its log bounds are unknown
     assert got['kappa_archive_segments{partition="1",topic="pageviews"}'] == 0
