@@ -15,7 +15,6 @@ machines are shared and noisy.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import uuid
@@ -39,7 +38,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT)]
-    from bench.stack import bench_stack
+    from bench.stack import bench_stack, report
     from orchestrator.archive.archiver import Archiver, read_archived
     from orchestrator.catalog import archive_manifest
     from orchestrator.catalog.db import connect
@@ -79,11 +78,7 @@ def main() -> int:
         results["archive_cpu_over_plain_read"] = round(
             results["archive"]["cpu_s"] / max(results["plain_read"]["cpu_s"], 1e-9), 2)
         assert read == back == sum(s.records for s in segments), (read, back)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for key, value in results.items():
-            print(f"{key:28} {value}")
+    report(results, args.json, width=28)
     return 0
 
 

@@ -15,7 +15,6 @@ dead letters equal the invalid records, and the profile table equals the referen
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -98,7 +97,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # run as a script; references in tests/
-    from bench.stack import bench_stack
+    from bench.stack import bench_stack, report
 
     results: dict[str, Any] = {"count": args.count, "invalid_share": args.invalid_share}
     with bench_stack("memory") as (settings, service, workdir, tag):
@@ -119,11 +118,7 @@ def main() -> int:
                                                                   "user_profiles__many")
     results["flood_over_clean_peak"] = round(
         results["flood"]["total_mb"] / results["clean"]["total_mb"], 3)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for key, value in results.items():
-            print(f"{key:24} {value}")
+    report(results, args.json)
     return 0
 
 

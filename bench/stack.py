@@ -4,6 +4,7 @@ every driver, drops the schemas and the stack it started."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import uuid
@@ -52,3 +53,12 @@ def bench_stack(name: str, serving: bool = False, *, durable: bool = False
         if own_stack:
             stack.down(settings.state_dir)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report(results: dict[str, Any], as_json: bool, width: int = 24) -> None:
+    """A benchmark's results: JSON for scripts, else one ``key value`` line each."""
+    if as_json:
+        print(json.dumps(results, indent=2))
+    else:
+        for key, value in results.items():
+            print(f"{key:{width}} {value}")
