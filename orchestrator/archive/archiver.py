@@ -84,6 +84,17 @@ class Archiver:
 
     def _partition(self, lineage: Lineage, partition: int, log_start: int, log_end: int,
                    on_segment: Callable[[Segment], None]) -> list[Segment]:
+        if not manifest.claim_partition(self.conn, lineage, partition):
+            log.info("%s/%d: another archiver is writing it", lineage.topic, partition)
+            return []
+        try:
+            return self._claimed(lineage, partition, log_start, log_end, on_segment)
+        finally:
+            if not self.conn.closed and not self.conn.broken:
+                manifest.release_partition(self.conn, lineage, partition)
+
+    def _claimed(self, lineage: Lineage, partition: int, log_start: int, log_end: int,
+                 on_segment: Callable[[Segment], None]) -> list[Segment]:
         with self.conn.transaction():
             recorded = manifest.segments(self.conn, self.schema, lineage, partition)
         check_contiguous(recorded)
@@ -114,6 +125,14 @@ class Archiver:
         gaps = gap_offsets(first, end, (r[0] for r in records))
         path = segment_path(lineage, partition, first, end)
         size = self.store.write(path, records)
+        # The records were read from the lineage the pass began with only if the topic still
+        # has its id now: a topic recreated meanwhile is not recorded as the old one's.
+        now = log_identity(self.kafka, [lineage.topic])
+        if (now.cluster_id, now.topics.get(lineage.topic)) != (lineage.cluster_id,
+                                                               lineage.topic_id):
+            raise ArchiveError(f"{lineage.topic} was recreated (or the broker replaced) while "
+                               f"{path} was written: it is not recorded; run `kappa archive run` "
+                               "again to start the new lineage")
         fail_point("archive.before_record")
         segment = Segment(lineage, partition, first, end, len(records), gaps, size,
                           checksum(records), path)

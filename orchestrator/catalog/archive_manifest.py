@@ -38,10 +38,27 @@ def segments(conn: psycopg.Connection, schema: str, lineage: Lineage | None = No
     return [_from_row(r) for r in conn.execute(query, args).fetchall()]
 
 
+def _lock_key(lineage: Lineage, partition: int) -> str:
+    return f"kappa-archive/{lineage.directory(partition)}"
+
+
 def lock_partition(conn: psycopg.Connection, lineage: Lineage, partition: int) -> None:
     """One writer per partition at a time (inside the caller's transaction)."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                 (f"kappa-archive/{lineage.directory(partition)}",))
+                 (_lock_key(lineage, partition),))
+
+
+def claim_partition(conn: psycopg.Connection, lineage: Lineage, partition: int) -> bool:
+    """Claim a partition for this session's archiver until ``release_partition``: False when
+    another archiver (the agent's, say) holds it, which then writes it alone."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                       (_lock_key(lineage, partition),)).fetchone()
+    return bool(row and row[0])
+
+
+def release_partition(conn: psycopg.Connection, lineage: Lineage, partition: int) -> None:
+    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",
+                 (_lock_key(lineage, partition),))
 
 
 def record(conn: psycopg.Connection, schema: str, segment: Segment) -> None:

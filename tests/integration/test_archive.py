@@ -182,3 +182,31 @@ def test_verify_reads_back_and_a_damaged_or_missing_segment_stops_with_one_line(
     (line,) = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "gone from archive_root" in line, line
     assert second.path.rsplit("/", 1)[-1] in line
+
+
+def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, topic: str
+                                                                     ) -> None:
+    """`kappa archive run` while the agent archives: each partition is written by one of them
+    at a time, and the manifest tiles every partition."""
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.kafka.offsets import log_bounds
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=500)
+    Orchestrator(settings).produce_sample(topic, 20_000, seed=137)
+    env = dict(os.environ, **settings.driver_environment())
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    runs = [subprocess.Popen([kappa, "archive", "run", "--once", topic], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    errors = [run.communicate(timeout=300)[1] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], errors
+    assert _run(settings, topic) == 0  # whatever one skipped while the other held it
+    segments = _manifest(settings, topic)
+    for (_, partition), (start, end) in log_bounds(settings.kafka, [topic]).items():
+        mine = [s for s in segments if s.partition == partition]
+        assert mine[0].first_offset == start and mine[-1].end_offset == end
+        assert all(a.end_offset == b.first_offset for a, b in pairwise(mine))
