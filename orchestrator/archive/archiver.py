@@ -63,19 +63,25 @@ class Archiver:
         self.group_id = f"kappa-archive-{uuid.uuid4().hex[:12]}"
 
     def archive(self, topics: Sequence[str],
-                on_segment: Callable[[Segment], None] = lambda _: None) -> list[Segment]:
-        """One pass: every partition of ``topics`` up to the log end found now."""
+                on_segment: Callable[[Segment], None] = lambda _: None, *,
+                skip_missing: bool = False) -> list[Segment]:
+        """One pass: every partition of ``topics`` up to the log end found now. A topic the
+        broker does not have stops the pass, unless ``skip_missing`` (topics that jobs declare
+        but nobody has created yet)."""
         identity = log_identity(self.kafka, topics)
         if not identity.cluster_id:
             raise ArchiveError(f"the broker at {self.kafka} reports no cluster id, so no lineage "
                                "can be recorded: use a broker that does (Kafka 0.10.1 or later)")
-        bounds = log_bounds(self.kafka, list(topics))
-        written: list[Segment] = []
         for topic in topics:
-            topic_id = identity.topics.get(topic)
-            if topic_id is None:
+            if identity.topics.get(topic) is None and not skip_missing:
                 raise ArchiveError(f"topic {topic} does not exist on {self.kafka}: create it, or "
                                    "leave it out of `kappa archive run`")
+        present = [t for t in topics if identity.topics.get(t) is not None]
+        bounds = log_bounds(self.kafka, present) if present else {}
+        written: list[Segment] = []
+        for topic in present:
+            topic_id = identity.topics[topic]
+            assert topic_id is not None
             lineage = Lineage(identity.cluster_id, topic, topic_id)
             for (name, partition), (start, end) in sorted(bounds.items()):
                 if name == topic:
@@ -223,7 +229,8 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                 if once and not topics:
                     raise ArchiveError("no deployed job reads a topic yet: name the topics "
                                        "(`kappa archive run TOPIC ...`) or deploy a job first")
-                written += len(Archiver(settings, conn, kafka).archive(topics, on_segment))
+                written += len(Archiver(settings, conn, kafka).archive(
+                    topics, on_segment, skip_missing=not named))
         except Exception as exc:
             if once or not is_outage(exc):
                 raise

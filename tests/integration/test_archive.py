@@ -210,3 +210,19 @@ def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, to
         mine = [s for s in segments if s.partition == partition]
         assert mine[0].first_offset == start and mine[-1].end_offset == end
         assert all(a.end_offset == b.first_offset for a, b in pairwise(mine))
+
+
+def test_a_topic_nobody_created_is_refused_when_named_and_waited_for_otherwise(settings
+                                                                               ) -> None:
+    from orchestrator.archive.archiver import Archiver
+    from orchestrator.archive.segments import ArchiveError
+    from orchestrator.catalog.db import connect
+    from orchestrator.service import Orchestrator
+
+    missing = f"never_created_{uuid.uuid4().hex[:8]}"
+    Orchestrator(settings).archive_status()  # the catalog, migrated
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        archiver = Archiver(settings, conn, settings.kafka)
+        assert archiver.archive([missing], skip_missing=True) == []
+        with pytest.raises(ArchiveError, match=f"topic {missing} does not exist"):
+            archiver.archive([missing])
