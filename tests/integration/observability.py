@@ -30,13 +30,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def agent(settings: Any, directory: Path, *args: str) -> Iterator[str]:
-    """`kappa agent` on a free port; yields its host:port."""
+def agent(settings: Any, directory: Path, *args: str, archive: bool = False) -> Iterator[str]:
+    """`kappa agent` on a free port; yields its host:port. Its archiver runs only where a
+    test says so: elsewhere it would only take CPU from the drivers under test."""
     env = dict(os.environ, **settings.driver_environment())
     out = directory / "agent.out"
     with open(out, "wb") as sink:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "agent",
-                                 "--port", "0", *args], env=env, stdout=sink,
+                                 "--port", "0", *args, *(() if archive else ("--no-archive",))],
+                                env=env, stdout=sink,
                                 stderr=subprocess.STDOUT)
     try:
         found = wait_until(lambda: re.search(r"http://(127\.0\.0\.1:\d+)/metrics",

@@ -62,7 +62,7 @@ def test_the_agent_restarts_a_killed_driver_and_the_output_stays_exact(
     service.produce_sample(topic, 60_000, seed=81)
     job = "pageview_counts"
     try:
-        with agent(settings, tmp_path, "--interval", "0.5"):
+        with agent(settings, tmp_path, "--interval", "0.5", archive=True):
             service.deploy(job_file(tmp_path, "v1", topic))
 
             def progressed() -> object:

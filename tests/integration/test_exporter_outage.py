@@ -56,7 +56,8 @@ def test_agent_survives_broker_and_postgres_outages(tmp_path: Path) -> None:
         service.produce_sample("pageviews", 2_000, seed=81)
         service.deploy(job_file(tmp_path, "v1", "pageviews"))
         service.wait("pageview_counts", "v1", timeout_s=300)
-        with agent(settings, tmp_path, "--interval", "1", "--window", "5") as target:
+        with agent(settings, tmp_path, "--interval", "1", "--window", "5",
+                   archive=True) as target:
             wait_until(lambda: _stale(target) == 0.0, 30, "fresh metrics")
             assert 'kappa_lag_records{job="pageview_counts",version="v1"} 0.0' in scrape(target)
 
