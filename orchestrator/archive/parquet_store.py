@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from orchestrator.archive.segments import (
-    SEGMENT_SUFFIX,
     ArchivedRecord,
     ArchiveError,
     parse_segment_name,
@@ -98,21 +97,20 @@ class ParquetStore:
         at or past ``from_offset`` that the manifest does not hold. Returns their names; a
         recorded segment that is not there stops the archive."""
         infos = self.files(directory)
-        present = {info.base_name for info in infos}
-        for name in sorted(recorded - present):
+        missing = sorted(recorded - {info.base_name for info in infos})
+        if missing:
             raise ArchiveError(
-                f"segment {self.location(directory)}/{name} is in the manifest but gone from "
-                "archive_root: restore it from a backup, then run `kappa archive verify`")
+                f"segment {self.location(directory)}/{missing[0]} is in the manifest but gone "
+                "from archive_root: restore it from a backup, then run `kappa archive verify`")
         removed = []
         for info in infos:
-            name = info.base_name
-            bounds = parse_segment_name(name.split(_TEMPORARY, 1)[0])
-            temporary = _TEMPORARY in name and name.split(_TEMPORARY, 1)[0].endswith(
-                SEGMENT_SUFFIX)
-            leftover = bounds is not None and name not in recorded and bounds[0] >= from_offset
-            if temporary or (leftover and _TEMPORARY not in name):
+            base, temporary, _ = info.base_name.partition(_TEMPORARY)
+            bounds = parse_segment_name(base)
+            if bounds is None:
+                continue  # not the archive's
+            if temporary or (base not in recorded and bounds[0] >= from_offset):
                 self.fs.delete_file(info.path)
-                removed.append(name)
+                removed.append(info.base_name)
         return removed
 
 
