@@ -629,6 +629,15 @@ class Orchestrator:
             return Archiver(self.settings, conn, self.settings.require_services()[1]).status(
                 topics)
 
+    def archive_restore(self, topics: Sequence[str] = ()) -> Any:
+        """Write archived topics that the broker does not hold back into it, offset for
+        offset, checked against the manifest; report what a crash lost before the archive."""
+        from orchestrator.archive.restore import Restorer
+
+        with self._catalog() as conn:
+            return Restorer(self.settings, conn, self.settings.require_services()[1]).restore(
+                topics)
+
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
                        partitions: int = 4, *, kind: str | None = None, users: int | None = None,

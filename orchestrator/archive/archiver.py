@@ -39,6 +39,7 @@ from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka.reader import read_range
 from orchestrator.kafka.timestamps import record_timestamps
 from orchestrator.kafka_endpoint import Kafka
+from orchestrator.log_identity import LogIdentity
 from orchestrator.settings import Settings
 
 log = logging.getLogger("kappa.archive")
@@ -82,25 +83,37 @@ class Archiver:
         for topic in present:
             topic_id = identity.topics[topic]
             assert topic_id is not None
-            lineage = Lineage(identity.cluster_id, topic, topic_id)
-            for (name, partition), (start, end) in sorted(bounds.items()):
-                if name == topic:
-                    written += self._partition(lineage, partition, start, end, on_segment)
+            seen = Lineage(identity.cluster_id, topic, topic_id)
+            ends = {p: b for (name, p), b in bounds.items() if name == topic}
+            with self.conn.transaction():
+                known = manifest.root_of(self.conn, self.schema, seen, len(ends))
+                if not known.restoring:
+                    manifest.note_log_ends(self.conn, self.schema, known.root,
+                                           {p: end for p, (_, end) in ends.items()})
+            if known.restoring:
+                log.info("%s: being restored from the archive; archived after the restore",
+                         topic)
+                continue
+            for partition, (start, end) in sorted(ends.items()):
+                written += self._partition(known.root, seen, partition, start, end,
+                                           on_segment)
         return written
 
-    def _partition(self, lineage: Lineage, partition: int, log_start: int, log_end: int,
-                   on_segment: Callable[[Segment], None]) -> list[Segment]:
+    def _partition(self, lineage: Lineage, seen: Lineage, partition: int, log_start: int,
+                   log_end: int, on_segment: Callable[[Segment], None]) -> list[Segment]:
+        """``lineage``: the root whose segments are written; ``seen``: the topic as the
+        broker holds it (the root itself, or a restore of it)."""
         if not manifest.claim_partition(self.conn, lineage, partition):
             log.info("%s/%d: another archiver is writing it", lineage.topic, partition)
             return []
         try:
-            return self._claimed(lineage, partition, log_start, log_end, on_segment)
+            return self._claimed(lineage, seen, partition, log_start, log_end, on_segment)
         finally:
             if not self.conn.closed and not self.conn.broken:
                 manifest.release_partition(self.conn, lineage, partition)
 
-    def _claimed(self, lineage: Lineage, partition: int, log_start: int, log_end: int,
-                 on_segment: Callable[[Segment], None]) -> list[Segment]:
+    def _claimed(self, lineage: Lineage, seen: Lineage, partition: int, log_start: int,
+                 log_end: int, on_segment: Callable[[Segment], None]) -> list[Segment]:
         with self.conn.transaction():
             recorded = manifest.segments(self.conn, self.schema, lineage, partition)
         check_contiguous(recorded)
@@ -120,13 +133,14 @@ class Archiver:
         size = self.settings.archive_segment_records
         while position < log_end:
             end = min(log_end, position + size)
-            segment = self._write(lineage, partition, position, end)
+            segment = self._write(lineage, seen, partition, position, end)
             written.append(segment)
             on_segment(segment)
             position = end
         return written
 
-    def _write(self, lineage: Lineage, partition: int, first: int, end: int) -> Segment:
+    def _write(self, lineage: Lineage, seen: Lineage, partition: int, first: int, end: int
+               ) -> Segment:
         records = read_archived(self.kafka, lineage.topic, partition, first, end, self.group_id)
         gaps = gap_offsets(first, end, (r[0] for r in records))
         path = segment_path(lineage, partition, first, end)
@@ -134,8 +148,7 @@ class Archiver:
         # The records were read from the lineage the pass began with only if the topic still
         # has its id now: a topic recreated meanwhile is not recorded as the old one's.
         now = log_identity(self.kafka, [lineage.topic])
-        if (now.cluster_id, now.topics.get(lineage.topic)) != (lineage.cluster_id,
-                                                               lineage.topic_id):
+        if (now.cluster_id, now.topics.get(seen.topic)) != (seen.cluster_id, seen.topic_id):
             raise ArchiveError(f"{lineage.topic} was recreated (or the broker replaced) while "
                                f"{path} was written: it is not recorded; run `kappa archive run` "
                                "again to start the new lineage")
@@ -158,8 +171,7 @@ class Archiver:
         except KappaError as exc:  # the broker's figures are unknown, the archive's are not
             log.warning("cannot read the log bounds (%s): shown as unknown", exc)
             identity, bounds = None, {}
-        current = {t: f"{identity.cluster_id}-{i}" for t, i in identity.topics.items()
-                   if i is not None} if identity is not None else {}
+        current = current_lineages(self.conn, self.schema, identity)
         grouped: dict[tuple[str, int, str | None], list[Segment]] = {}
         for s in segments:
             lineage = f"{s.lineage.cluster_id}-{s.lineage.topic_id}"
@@ -200,6 +212,23 @@ class Archiver:
             0.0 if r.behind == 0 else
             max(0.0, (now_ms - stamps[(r.topic, r.partition)]) / 1000)
             if (r.topic, r.partition) in stamps else None)) if r.current else r for r in rows]
+
+
+def current_lineages(conn: psycopg.Connection, schema: str, identity: LogIdentity | None
+                     ) -> dict[str, str]:
+    """topic -> "<cluster id>-<topic id>" of the root lineage the broker holds now: a topic
+    restored from the archive continues its root."""
+    if identity is None:
+        return {}
+    with conn.transaction():
+        roots = {k.identity: k.root for k in manifest.known_logs(conn, schema)}
+    found = {}
+    for topic, topic_id in identity.topics.items():
+        if topic_id is not None and identity.cluster_id:
+            seen = Lineage(identity.cluster_id, topic, topic_id)
+            root = roots.get(seen, seen)
+            found[topic] = f"{root.cluster_id}-{root.topic_id}"
+    return found
 
 
 def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Sequence[str]
@@ -259,6 +288,7 @@ def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
     names = sorted({s.lineage.topic for s in segments})
     identity = log_identity(archiver.kafka, names) if names else None
     bounds = log_bounds(archiver.kafka, names) if names else {}
+    current = current_lineages(archiver.conn, archiver.schema, identity)
     compared = records = 0
     for s in segments:
         archived = archiver.store.read(s.path)
@@ -269,8 +299,7 @@ def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
                 "backup, or remove its manifest row and the rows after it to archive the range "
                 "again while the broker still holds it")
         held = bounds.get((s.lineage.topic, s.partition))
-        same_log = identity is not None and identity.cluster_id == s.lineage.cluster_id and \
-            identity.topics.get(s.lineage.topic) == s.lineage.topic_id
+        same_log = current.get(s.lineage.topic) == f"{s.lineage.cluster_id}-{s.lineage.topic_id}"
         if not same_log or held is None or not (held[0] <= s.first_offset
                                                 and s.end_offset <= held[1]):
             continue

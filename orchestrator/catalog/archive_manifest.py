@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -84,3 +85,95 @@ def record(conn: psycopg.Connection, schema: str, segment: Segment) -> None:
         (lineage.cluster_id, lineage.topic, lineage.topic_id, partition, segment.first_offset,
          segment.end_offset, segment.records, list(segment.gap_offsets), segment.bytes,
          segment.checksum, segment.path))
+
+
+@dataclass(frozen=True)
+class KnownLog:
+    """A row of archive_lineages: a log identity the archive has met, and its root lineage."""
+
+    identity: Lineage  # the topic as a broker holds it (cluster id, topic, topic id)
+    root: Lineage  # the lineage whose segments it writes and whose offsets it continues
+    partitions: int
+    restoring: bool  # a restore not yet checked against the manifest
+
+
+_LINEAGE_COLUMNS = ("cluster_id", "topic", "topic_id", "partitions", "root_cluster_id",
+                    "root_topic_id", "state")
+
+
+def known_logs(conn: psycopg.Connection, schema: str) -> list[KnownLog]:
+    """Every log identity met, newest last."""
+    rows = conn.execute(sql.SQL("SELECT {} FROM {} ORDER BY seen_at, topic").format(
+        sql.SQL(", ").join(map(sql.Identifier, _LINEAGE_COLUMNS)),
+        qualified(schema, "archive_lineages"))).fetchall()
+    return [KnownLog(Lineage(cluster, topic, topic_id), Lineage(root_cluster, topic, root_id),
+                     partitions, state == "restoring")
+            for cluster, topic, topic_id, partitions, root_cluster, root_id, state in rows]
+
+
+def root_of(conn: psycopg.Connection, schema: str, identity: Lineage, partitions: int
+            ) -> KnownLog:
+    """The known log ``identity`` is: a topic met for the first time becomes a root."""
+    conn.execute(
+        sql.SQL("INSERT INTO {} ({}) VALUES (%s, %s, %s, %s, %s, %s, 'live') "
+                "ON CONFLICT (cluster_id, topic, topic_id) DO UPDATE "
+                "SET partitions = GREATEST({}.partitions, EXCLUDED.partitions)").format(
+            qualified(schema, "archive_lineages"),
+            sql.SQL(", ").join(map(sql.Identifier, _LINEAGE_COLUMNS)),
+            sql.Identifier("archive_lineages")),
+        (identity.cluster_id, identity.topic, identity.topic_id, partitions,
+         identity.cluster_id, identity.topic_id))
+    row = conn.execute(
+        sql.SQL("SELECT root_cluster_id, root_topic_id, partitions, state FROM {} "
+                "WHERE cluster_id = %s AND topic = %s AND topic_id = %s").format(
+            qualified(schema, "archive_lineages")),
+        (identity.cluster_id, identity.topic, identity.topic_id)).fetchone()
+    assert row is not None
+    return KnownLog(identity, Lineage(row[0], identity.topic, row[1]), row[2],
+                    row[3] == "restoring")
+
+
+def begin_restore(conn: psycopg.Connection, schema: str, identity: Lineage, root: Lineage,
+                  partitions: int) -> None:
+    """``identity`` (a topic just created) is being filled with ``root``'s records."""
+    conn.execute(
+        sql.SQL("INSERT INTO {} ({}) VALUES (%s, %s, %s, %s, %s, %s, 'restoring')").format(
+            qualified(schema, "archive_lineages"),
+            sql.SQL(", ").join(map(sql.Identifier, _LINEAGE_COLUMNS))),
+        (identity.cluster_id, identity.topic, identity.topic_id, partitions, root.cluster_id,
+         root.topic_id))
+
+
+def end_restore(conn: psycopg.Connection, schema: str, identity: Lineage) -> None:
+    conn.execute(sql.SQL("UPDATE {} SET state = 'live', seen_at = now() WHERE cluster_id = %s "
+                         "AND topic = %s AND topic_id = %s").format(
+        qualified(schema, "archive_lineages")),
+        (identity.cluster_id, identity.topic, identity.topic_id))
+
+
+def forget(conn: psycopg.Connection, schema: str, identity: Lineage) -> None:
+    """A restore that failed: its topic is deleted, and it continues nothing."""
+    conn.execute(sql.SQL("DELETE FROM {} WHERE cluster_id = %s AND topic = %s AND "
+                         "topic_id = %s").format(qualified(schema, "archive_lineages")),
+                 (identity.cluster_id, identity.topic, identity.topic_id))
+
+
+def note_log_ends(conn: psycopg.Connection, schema: str, root: Lineage,
+                  ends: dict[int, int]) -> None:
+    """The log ends seen now, per partition of ``root`` (kept if higher than before)."""
+    for partition, end in ends.items():
+        conn.execute(
+            sql.SQL("INSERT INTO {} (cluster_id, topic, topic_id, partition, log_end) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (cluster_id, topic, topic_id, "
+                    "partition) DO UPDATE SET log_end = GREATEST({}.log_end, EXCLUDED.log_end), "
+                    "seen_at = now()").format(qualified(schema, "archive_log_ends"),
+                                              sql.Identifier("archive_log_ends")),
+            (root.cluster_id, root.topic, root.topic_id, partition, end))
+
+
+def log_ends(conn: psycopg.Connection, schema: str, root: Lineage) -> dict[int, int]:
+    rows = conn.execute(
+        sql.SQL("SELECT partition, log_end FROM {} WHERE cluster_id = %s AND topic = %s AND "
+                "topic_id = %s").format(qualified(schema, "archive_log_ends")),
+        (root.cluster_id, root.topic, root.topic_id)).fetchall()
+    return {int(p): int(e) for p, e in rows}

@@ -1,4 +1,4 @@
-"""`kappa archive run|status`: the columnar copy of the logs that jobs read."""
+"""`kappa archive run|status|verify|restore`: the columnar copy of the logs that jobs read."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ def add_archive_parser(sub: Any) -> None:
     actions = a.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (("run", "copy the logs into segments, every --interval seconds"),
                        ("status", "per partition: archived range, log range, records behind"),
-                       ("verify", "read every segment back against the manifest and the log")):
+                       ("verify", "read every segment back against the manifest and the log"),
+                       ("restore", "write archived topics the broker lost back into it, with "
+                        "the same offsets (`kappa dev up` does this)")):
         action = actions.add_parser(name, help=text)
         action.add_argument("topics", nargs="*", metavar="TOPIC",
                             help="the topics (default: every topic a deployed job reads)")
@@ -52,6 +54,8 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
             print(f"{report.segments:,} segments match their checksums; {report.compared:,} of "
                   f"them ({report.records:,} records) match the log the broker still holds")
         return 0
+    if args.action == "restore":
+        return _restore(service.archive_restore(args.topics), as_json=args.json)
     stopping = threading.Event()
     if not args.once:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -69,6 +73,36 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
     if args.json:
         print_json({"segments_written": written})
     return 0
+
+
+def _restore(report: Any, *, as_json: bool) -> int:
+    if as_json:
+        print_json(restore_json(report))
+        return 0
+    for t in report.restored:
+        print(f"restored {t.topic}: {t.records:,} records and {t.gaps:,} gaps at their "
+              f"offsets (lineage {t.root.cluster_id}-{t.root.topic_id})")
+    for topic in report.kept:
+        print(f"{topic}: the broker holds it; nothing to restore")
+    for lost in report.lost:
+        print(f"LOST {lost.describe()}: acknowledged by the broker, gone before it was "
+              "archived")
+    for failed in report.failed_versions:
+        print(f"failed {failed}")
+    if not report.restored and not report.kept:
+        print("nothing archived yet: nothing to restore")
+    return 0
+
+
+def restore_json(report: Any) -> dict[str, Any]:
+    return {"restored": [{"topic": t.topic, "lineage": f"{t.root.cluster_id}-{t.root.topic_id}",
+                          "topic_id": t.topic_id, "records": t.records, "gaps": t.gaps,
+                          "ends": {str(p): e for p, e in sorted(t.ends.items())}}
+                         for t in report.restored],
+            "kept": list(report.kept),
+            "lost": [{"topic": r.topic, "partition": r.partition, "first_offset": r.first_offset,
+                      "end_offset": r.end_offset} for r in report.lost],
+            "failed_versions": list(report.failed_versions)}
 
 
 def _row_json(r: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ __all__ = [
     "base_config",
     "broker_reachable",
     "check_access",
+    "delete_topic",
     "ensure_topic",
     "kafka_errors",
     "log_identity",
@@ -254,6 +255,26 @@ def ensure_topic(
                 f"topic {topic!r} on {bootstrap} shows partitions {seen} {timeout_s:g} s after "
                 f"its creation, expected {partitions}: check the broker log, then retry"
             )
+        time.sleep(0.05)
+
+
+def delete_topic(bootstrap: Kafka, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Delete ``topic`` (if it exists) and wait until the broker no longer lists it."""
+    admin = _admin(bootstrap)
+    with kafka_errors(f"deleting topic {topic!r}", bootstrap):
+        futures = admin.delete_topics([topic], operation_timeout=timeout_s,
+                                      request_timeout=timeout_s)
+        try:
+            futures[topic].result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and err.code() in _NOT_FOUND):
+                raise
+    deadline = time.monotonic() + timeout_s
+    while _describe(admin, bootstrap, topic, timeout_s) is not None:
+        if time.monotonic() >= deadline:
+            raise ServiceUnavailableError(f"topic {topic!r} on {bootstrap} is still listed "
+                                          f"{timeout_s:g} s after its deletion: retry")
         time.sleep(0.05)
 
 

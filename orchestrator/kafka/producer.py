@@ -23,7 +23,7 @@ __all__ = ["TransactionalResult", "produce", "produce_in_transactions"]
 _POLL_EVERY = 10_000  # serve delivery reports every so many records
 
 
-def _producer_config(bootstrap: Kafka, timeout_s: float) -> dict[str, Any]:
+def producer_config(bootstrap: Kafka, timeout_s: float) -> dict[str, Any]:
     return {
         **base_config(bootstrap),
         "compression.type": "lz4",
@@ -88,7 +88,7 @@ def produce(
 
     doing = f"producing to topic {topic!r}"
     with kafka_errors(f"creating a producer for {topic!r}", bootstrap):
-        producer = Producer({**_producer_config(bootstrap, timeout_s), "on_delivery": on_error})
+        producer = Producer({**producer_config(bootstrap, timeout_s), "on_delivery": on_error})
     bucket = _Bucket(rate) if rate is not None else None
     target = -1 if partition is None else partition
     send = producer.produce
@@ -149,7 +149,7 @@ def produce_in_transactions(
     if per_transaction < 1 or abort_every < 1:
         raise KappaError("per_transaction and abort_every must be at least 1: fix the call")
     doing = f"producing transactions to topic {topic!r}"
-    config = {**_producer_config(bootstrap, timeout_s), "delivery.report.only.error": False,
+    config = {**producer_config(bootstrap, timeout_s), "delivery.report.only.error": False,
               "transactional.id": f"kappa-sample-{uuid.uuid4().hex[:12]}"}
     with kafka_errors(f"creating a transactional producer for {topic!r}", bootstrap):
         producer = Producer(config)

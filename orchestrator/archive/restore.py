@@ -1,0 +1,231 @@
+"""Restore archived topics into a broker that lost them (the embedded broker keeps its log in
+memory), with the same offsets, record by record, and then record that each restored topic
+continues its lineage, so that the archive and the versions that read it go on from where they
+were.
+
+Every segment is checked against its manifest checksum before a record of it is produced, and
+the restored log is read back and checked again: a log that fails either check is deleted, and
+is a log that is gone, as if there were no archive. Offsets that the archiver saw in the log (or
+a version read) past the archive's end were acknowledged and then lost with the broker: they are
+reported by offset, and a version that read them fails, saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from orchestrator.archive.archiver import archive_root, read_archived
+from orchestrator.archive.parquet_store import ParquetStore
+from orchestrator.archive.restore_plan import plan_runs
+from orchestrator.archive.segments import (
+    ArchivedRecord,
+    ArchiveError,
+    Lineage,
+    Segment,
+    check_contiguous,
+    checksum,
+)
+from orchestrator.catalog import archive_manifest as manifest
+from orchestrator.catalog import events, runs, versions
+from orchestrator.kafka.admin import delete_topic, ensure_topic, log_identity
+from orchestrator.kafka.exact_producer import ExactProducer
+from orchestrator.kafka.offsets import log_bounds
+from orchestrator.kafka_endpoint import Kafka
+from orchestrator.log_identity import GONE_PREFIX, LogIdentity
+from orchestrator.settings import Settings
+from orchestrator.states import RunState
+
+log = logging.getLogger("kappa.archive")
+
+
+@dataclass(frozen=True)
+class LostRange:
+    """Offsets [first_offset, end_offset) acknowledged by the broker and lost before they were
+    archived."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    end_offset: int
+
+    def describe(self) -> str:
+        return f"{self.topic}/{self.partition} [{self.first_offset}, {self.end_offset})"
+
+
+@dataclass(frozen=True)
+class RestoredTopic:
+    topic: str
+    root: Lineage  # the lineage it continues
+    topic_id: str  # the new topic's id on the broker
+    records: int
+    gaps: int
+    ends: Mapping[int, int]  # partition -> its end offset, as restored
+    lost: tuple[LostRange, ...]
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    restored: tuple[RestoredTopic, ...] = ()
+    kept: tuple[str, ...] = ()  # topics the broker still holds: nothing to restore
+    failed_versions: tuple[str, ...] = ()  # "job/version: why", for versions that read a loss
+
+    @property
+    def lost(self) -> tuple[LostRange, ...]:
+        return tuple(r for t in self.restored for r in t.lost)
+
+
+class Restorer:
+    def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka):
+        self.settings, self.conn, self.kafka = settings, conn, kafka
+        self.schema = settings.catalog_schema
+        self.store = ParquetStore(archive_root(settings))
+
+    def restore(self, topics: Sequence[str] = ()) -> RestoreReport:
+        """Every archived topic the broker does not hold (or ``topics``), newest lineage."""
+        with self.conn.transaction():
+            known = manifest.known_logs(self.conn, self.schema)
+        newest = {k.identity.topic: k for k in known if not topics or k.identity.topic in topics}
+        if not newest:
+            return RestoreReport()
+        identity = log_identity(self.kafka, sorted(newest))
+        if not identity.cluster_id:
+            raise ArchiveError(f"the broker at {self.kafka} reports no cluster id: it cannot "
+                               "hold a restored log")
+        restored, kept, failed = [], [], []
+        for topic, latest in sorted(newest.items()):
+            now_id = identity.topics.get(topic)
+            if now_id is not None:
+                seen = next((k for k in known if k.identity == Lineage(
+                    identity.cluster_id, topic, now_id)), None)
+                if seen is None or not seen.restoring:
+                    kept.append(topic)  # the log it had, or a new topic of that name
+                    continue
+                log.warning("%s: a restore was cut off; restoring it again", topic)
+                delete_topic(self.kafka, topic)
+            for stale in (k for k in known if k.identity.topic == topic and k.restoring):
+                with self.conn.transaction():
+                    manifest.forget(self.conn, self.schema, stale.identity)
+            done = self._topic(identity.cluster_id, topic, latest.root, latest.partitions)
+            restored.append(done)
+            failed += self._fail_readers_of_losses(done)
+        return RestoreReport(tuple(restored), tuple(kept), tuple(failed))
+
+    def _topic(self, cluster_id: str, topic: str, root: Lineage, partitions: int
+               ) -> RestoredTopic:
+        ensure_topic(self.kafka, topic, partitions)
+        topic_id = log_identity(self.kafka, [topic]).topics.get(topic)
+        if topic_id is None:
+            raise ArchiveError(f"the broker at {self.kafka} gives topic {topic} no id: it "
+                               "cannot hold a restored log")
+        seen = Lineage(cluster_id, topic, topic_id)
+        with self.conn.transaction():
+            manifest.begin_restore(self.conn, self.schema, seen, root, partitions)
+            segments = {p: manifest.segments(self.conn, self.schema, root, p)
+                        for p in range(partitions)}
+        try:
+            ends = {p: self._partition(topic, p, kept) for p, kept in segments.items()}
+            self._check(topic, segments, ends)
+        except BaseException:
+            delete_topic(self.kafka, topic)
+            with self.conn.transaction():
+                manifest.forget(self.conn, self.schema, seen)
+            raise
+        with self.conn.transaction():
+            manifest.end_restore(self.conn, self.schema, seen)
+            adopted = self._adopt(root, seen)
+            seen_ends = manifest.log_ends(self.conn, self.schema, root)
+            events.record(self.conn, self.schema, "log_restored", topic=topic,
+                          topic_id=topic_id, lineage=f"{root.cluster_id}-{root.topic_id}",
+                          ends={str(p): e for p, e in ends.items()}, versions=adopted)
+        lost = tuple(LostRange(topic, p, ends.get(p, 0), seen_end)
+                     for p, seen_end in sorted(seen_ends.items()) if seen_end > ends.get(p, 0))
+        kept_segments = [s for kept in segments.values() for s in kept]
+        return RestoredTopic(topic, root, topic_id, sum(s.records for s in kept_segments),
+                             sum(len(s.gap_offsets) for s in kept_segments), ends, lost)
+
+    def _partition(self, topic: str, partition: int, segments: list[Segment]) -> int:
+        check_contiguous(segments)
+        where = f"{topic}/{partition}"
+        planned = plan_runs(((s.first_offset, s.end_offset, self._checked(s), s.gap_offsets)
+                             for s in segments), where)
+        return ExactProducer(self.kafka, topic, partition).write(planned)
+
+    def _checked(self, segment: Segment) -> list[ArchivedRecord]:
+        """A segment's records, only if they are what the manifest recorded."""
+        records = self.store.read(segment.path)
+        if len(records) != segment.records or checksum(records) != segment.checksum:
+            raise ArchiveError(
+                f"segment {self.store.location(segment.path)} differs from its manifest "
+                "checksum: it is not restored, and neither is the rest of its topic. Put the "
+                "file back from a backup and run `kappa dev up` again; without it, the topic's "
+                "log is gone")
+        return records
+
+    def _check(self, topic: str, segments: dict[int, list[Segment]], ends: dict[int, int]
+               ) -> None:
+        """Read the restored log back: each segment's range must give its checksum."""
+        bounds = log_bounds(self.kafka, [topic])
+        for partition, kept in segments.items():
+            end = kept[-1].end_offset if kept else 0
+            if bounds.get((topic, partition), (0, 0))[1] != end or ends[partition] != end:
+                raise ArchiveError(f"restored {topic}/{partition} ends at "
+                                   f"{bounds.get((topic, partition))}, not at {end}: the broker "
+                                   "did not keep the offsets; the log is not restored")
+            for s in kept:
+                back = read_archived(self.kafka, topic, partition, s.first_offset, s.end_offset,
+                                     f"kappa-restore-check-{topic}")
+                if checksum(back) != s.checksum:
+                    first = next((b[0] for b, a in zip(back, self.store.read(s.path),
+                                                       strict=False) if a != b), s.first_offset)
+                    raise ArchiveError(
+                        f"restored {topic}/{partition} differs from segment {s.path} at or near "
+                        f"offset {first}: the broker changed a record (its timestamp type, "
+                        "say); the log is not restored")
+
+    def _adopt(self, root: Lineage, seen: Lineage) -> list[str]:
+        """Versions that read any log of ``root``'s lineage read the restored topic now."""
+        family = {k.identity.topic_id for k in manifest.known_logs(self.conn, self.schema)
+                  if k.root == root} | {root.topic_id}
+        adopted = []
+        for version in versions.list_all(self.conn, self.schema):
+            recorded = version.log_identity
+            if recorded is None or recorded.topics.get(root.topic) not in family:
+                continue
+            versions.set_log_identity(self.conn, self.schema, version, LogIdentity(
+                seen.cluster_id, {**recorded.topics, root.topic: seen.topic_id}))
+            adopted.append(f"{version.job}/{version.version}")
+        return adopted
+
+    def _fail_readers_of_losses(self, done: RestoredTopic) -> list[str]:
+        """A version that read past the restored end read records the log no longer has:
+        records produced from now on would take their offsets, unseen by it."""
+        failed = []
+        with self.conn.transaction():
+            for version in versions.list_all(self.conn, self.schema):
+                if done.topic not in version.spec.topics:
+                    continue
+                read = runs.processed_offsets(self.conn, self.schema, version.id).get(
+                    done.topic, {})
+                past = sorted((int(p), n) for p, n in read.items()
+                              if n > done.ends.get(int(p), 0))
+                if not past:
+                    continue
+                ranges = ", ".join(f"{done.topic}/{p} [{done.ends.get(p, 0)}, {n})"
+                                   for p, n in past)
+                reason = (GONE_PREFIX + f"offsets {ranges} were lost with the broker before "
+                          "the archive held them, and this version had read them. Deploy the "
+                          "job under a new VERSION to replay the log as it is now")
+                run = runs.get(self.conn, self.schema, version.id, for_update=True)
+                if run.state == RunState.RETIRED:
+                    continue
+                if run.state == RunState.FAILED:
+                    runs.note_reason(self.conn, self.schema, version.id, run.attempt, reason)
+                else:
+                    runs.change_state(self.conn, self.schema, version, RunState.FAILED,
+                                      reason=reason)
+                failed.append(f"{version.job}/{version.version}: {reason}")
+        return failed

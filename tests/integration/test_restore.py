@@ -1,0 +1,140 @@
+"""Restoring archived topics into a broker that lost them, against the real broker and
+PostgreSQL: the records come back at their offsets, gaps included; the restored topic continues
+its lineage, so the archive goes on in the same segments; what a crash lost before the archive
+held it is reported by offset; and a damaged segment is never restored."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from conftest import kappa_cli
+from integration.test_archive import _manifest, _run
+
+pytestmark = [pytest.mark.integration]
+
+
+def _log(settings, topic: str) -> dict[int, list]:
+    from orchestrator.archive.archiver import read_archived
+    from orchestrator.kafka.offsets import log_bounds
+
+    group = f"test-restore-{uuid.uuid4().hex[:8]}"
+    return {p: read_archived(settings.kafka, topic, p, start, end, group)
+            for (_, p), (start, end) in sorted(log_bounds(settings.kafka, [topic]).items())}
+
+
+def _delete(settings, topic: str) -> None:
+    from orchestrator.kafka.admin import delete_topic
+
+    delete_topic(settings.kafka, topic)
+
+
+def _restore(settings, *topics: str) -> tuple[int, dict, str]:
+    done = kappa_cli(settings, "archive", "restore", *topics, "--json")
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout) if done.returncode == 0 else {}, done.stderr
+
+
+def test_a_lost_topic_comes_back_offset_for_offset_and_continues_its_lineage(
+        settings, topic: str) -> None:
+    from orchestrator.kafka.admin import log_identity
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=700)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_500, seed=141)
+    # Transactions of 1,000, every 5th aborted: this broker shows aborted records, and each
+    # transaction leaves a marker, an offset with no record, which the restore must reproduce.
+    service.produce_sample(topic, 6_000, seed=142, transactional=True)
+    service.produce_sample(topic, 500, seed=143)
+    assert _run(settings, topic) == 0
+    before = _log(settings, topic)
+    archived = _manifest(settings, topic)
+    assert sum(len(s.gap_offsets) for s in archived) >= 6
+    was = log_identity(settings.kafka, [topic]).topics[topic]
+
+    _delete(settings, topic)
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    [restored] = report["restored"]
+    assert restored["records"] == sum(s.records for s in archived)
+    assert restored["gaps"] == sum(len(s.gap_offsets) for s in archived)
+    assert report["lost"] == [] and report["failed_versions"] == []
+    now = log_identity(settings.kafka, [topic]).topics[topic]
+    assert now != was and restored["topic_id"] == now
+    # Every record at its offset: key, value, timestamp and its type, headers; gaps where they
+    # were (a record's offset is part of what is compared).
+    assert _log(settings, topic) == before
+
+    # A second restore finds the topic there: nothing is written twice.
+    code, again, err = _restore(settings, topic)
+    assert code == 0 and again["restored"] == [] and again["kept"] == [topic], err
+
+    # The archive goes on in the lineage it had: new records, same segments' directory.
+    service.produce_sample(topic, 800, seed=144)
+    assert _run(settings, topic) == 0
+    after = _manifest(settings, topic)
+    assert set(archived) < set(after)  # recorded segments stay; new ones follow them
+    assert {(s.lineage.cluster_id, s.lineage.topic_id) for s in after} == {
+        (archived[0].lineage.cluster_id, archived[0].lineage.topic_id)}
+    status = json.loads(kappa_cli(settings, "archive", "status", topic, "--json").stdout)
+    assert status and all(r["current"] and r["behind"] == 0 for r in status)
+    verified = kappa_cli(settings, "archive", "verify", topic, "--json")
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["compared_with_log"] == len(after)
+
+
+def test_what_a_crash_lost_before_the_archive_is_reported_by_offset(settings, topic: str
+                                                                    ) -> None:
+    from orchestrator.kafka.offsets import log_bounds
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 2_000, seed=145)
+    assert _run(settings, topic) == 0
+    archived_ends = {p: e for (_, p), (_, e) in log_bounds(settings.kafka, [topic]).items()}
+    service.produce_sample(topic, 1_000, seed=146)
+    seen_ends = {p: e for (_, p), (_, e) in log_bounds(settings.kafka, [topic]).items()}
+    # The archiver sees the new log end, then dies before its segment is in place: the broker
+    # acknowledged those records, and only the broker had them.
+    assert _run(settings, topic, "archive.before_rename=1*exit") != 0
+    _delete(settings, topic)
+
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in report["lost"]}
+    assert lost == {p: (archived_ends[p], seen_ends[p]) for p in seen_ends
+                    if seen_ends[p] > archived_ends[p]}
+    assert lost  # 1,000 records over 4 partitions
+    assert report["restored"][0]["ends"] == {str(p): e for p, e in archived_ends.items()}
+    human = kappa_cli(settings, "archive", "restore", topic)
+    assert "nothing to restore" in human.stdout
+
+
+def test_a_damaged_segment_is_never_restored(settings, topic: str) -> None:
+    import pyarrow.parquet as pq
+
+    from orchestrator.kafka.admin import log_identity
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_000, seed=147)
+    assert _run(settings, topic) == 0
+    segment = _manifest(settings, topic)[-1]
+    path = settings.state_dir / "archive" / segment.path
+    table = pq.read_table(path)
+    values = table.column("value").to_pylist()
+    values[0] = b"{}"
+    pq.write_table(table.set_column(4, "value", [values]), path)
+    _delete(settings, topic)
+
+    code, _, err = _restore(settings, topic)
+    assert code != 0
+    [line] = err.strip().splitlines()
+    assert str(path) in line and "differs from its manifest checksum" in line
+    assert "kappa dev up" in line
+    # Nothing of the topic is left on the broker to pass for the log.
+    assert topic in log_identity(settings.kafka, [topic]).missing
