@@ -387,8 +387,8 @@ def main() -> int:
                         help="profile kappa's replay at the largest N (needs py-spy); stacks "
                              "are written to this directory")
     parser.add_argument("--durable", action="store_true",
-                        help="the embedded broker keeps its log in its durable store (the "
-                             "default of `kappa dev up`), not in memory")
+                        help="the embedded broker keeps its log in its S3 store (`kappa dev up "
+                             "--s3`), not in memory")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path

@@ -32,7 +32,7 @@ def bench_stack(name: str, serving: bool = False, *, durable: bool = False
     if own_stack:
         from orchestrator.dev import stack
 
-        up = stack.up(settings.state_dir, memory=not durable)
+        up = stack.up(settings.state_dir, storage=stack.S3 if durable else stack.MEMORY)
         settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
     tag = uuid.uuid4().hex[:8]
     settings = replace(settings, catalog_schema=f"kappa_bench_{tag}",

@@ -103,10 +103,25 @@ def log_gone_reason(found: Sequence[LogChange], job: str, version: str) -> str:
             "from the new log's start, on top of the old output)")
 
 
+_LOST = " were lost with the broker before the archive held them"
+
+
+def lost_records_reason(ranges: str) -> str:
+    """Why a version that read records a crash took from a volatile broker fails for good: its
+    output counts them, and the restored log will give their offsets to other records."""
+    return (f"{GONE_PREFIX}offsets {ranges}{_LOST}, and this version had read them. Deploy the "
+            "job under a new VERSION to replay the log as it is now")
+
+
+def read_lost_records(reason: str | None) -> bool:
+    return is_log_gone(reason) and _LOST in str(reason)
+
+
 def is_log_gone(reason: str | None) -> bool:
     """Whether a run's reason says its log is gone (a restart cannot help it)."""
     return bool(reason) and str(reason).startswith(GONE_PREFIX)
 
 
 __all__ = ["GONE_PREFIX", "LogChange", "LogIdentity", "changes", "is_log_gone",
-           "log_gone_reason", "replaced", "topic_id_text"]
+           "log_gone_reason", "lost_records_reason", "read_lost_records", "replaced",
+           "topic_id_text"]

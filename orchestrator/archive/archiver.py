@@ -34,7 +34,7 @@ from orchestrator.archive.segments import (
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
-from orchestrator.kafka.admin import log_identity
+from orchestrator.kafka.admin import log_identity, topic_names
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka.reader import read_range
 from orchestrator.kafka.timestamps import record_timestamps
@@ -231,13 +231,16 @@ def current_lineages(conn: psycopg.Connection, schema: str, identity: LogIdentit
     return found
 
 
-def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Sequence[str]
-                      ) -> list[str]:
-    """The topics named, or else every topic that a deployed job reads (maybe none yet)."""
+def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Sequence[str],
+                      kafka: Kafka | None = None) -> list[str]:
+    """The topics named, or every topic of the broker ``kafka`` (the embedded default's
+    archiver), or else every topic that a deployed job reads (maybe none yet)."""
     from orchestrator.catalog import versions
 
     if named:
         return list(dict.fromkeys(named))
+    if kafka is not None:
+        return topic_names(kafka)
     with conn.transaction():
         deployed = versions.list_all(conn, settings.catalog_schema)
     return sorted({t for v in deployed for t in v.spec.topics})
@@ -245,16 +248,21 @@ def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Seque
 
 def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connection],
                  kafka: Kafka, named: Sequence[str], *, once: bool, interval_s: float,
-                 on_segment: Callable[[Segment], None], stop: Callable[[], bool]) -> int:
-    """Archive passes every ``interval_s`` until ``stop()`` (or one, with ``once``); returns
-    the segments written. An outage of the broker or PostgreSQL is waited out."""
+                 on_segment: Callable[[Segment], None], stop: Callable[[], bool],
+                 all_topics: bool = False) -> int:
+    """Archive passes every ``interval_s`` until ``stop()``, then a last one up to the log end
+    found then (or one pass, with ``once``); returns the segments written. An outage of the
+    broker or PostgreSQL is waited out. ``all_topics``: every topic of the broker, not only
+    those deployed jobs read."""
     from orchestrator.spark.failures import is_outage
 
     written = 0
     while True:
+        stopping = stop()
         try:
             with conn_factory() as conn:
-                topics = topics_to_archive(conn, settings, named)
+                topics = topics_to_archive(conn, settings, named,
+                                           kafka if all_topics else None)
                 if once and not topics:
                     raise ArchiveError("no deployed job reads a topic yet: name the topics "
                                        "(`kappa archive run TOPIC ...`) or deploy a job first")
@@ -265,7 +273,7 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                 raise
             log.warning("archive pass stopped by an unreachable service (%s); trying again "
                         "in %gs", exc, interval_s)
-        if once or stop():
+        if once or stopping:
             return written
         deadline = time.monotonic() + interval_s
         while time.monotonic() < deadline and not stop():

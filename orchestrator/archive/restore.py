@@ -35,7 +35,8 @@ from orchestrator.kafka.admin import delete_topic, ensure_topic, log_identity
 from orchestrator.kafka.exact_producer import ExactProducer
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka_endpoint import Kafka
-from orchestrator.log_identity import GONE_PREFIX, LogIdentity
+from orchestrator.log_identity import LogIdentity, lost_records_reason
+from orchestrator.models import DeployedVersion
 from orchestrator.settings import Settings
 from orchestrator.states import RunState
 
@@ -137,12 +138,18 @@ class Restorer:
         with self.conn.transaction():
             manifest.end_restore(self.conn, self.schema, seen)
             adopted = self._adopt(root, seen)
-            seen_ends = manifest.log_ends(self.conn, self.schema, root)
+            # The log reached at least as far as the archiver saw it, and as versions read it.
+            known_ends = manifest.log_ends(self.conn, self.schema, root)
+            for version in self._readers(topic, topic_id):
+                read = runs.processed_offsets(self.conn, self.schema, version.id).get(topic, {})
+                for p, n in read.items():
+                    known_ends[int(p)] = max(known_ends.get(int(p), 0), n)
+            lost = tuple(LostRange(topic, p, ends.get(p, 0), known)
+                         for p, known in sorted(known_ends.items()) if known > ends.get(p, 0))
             events.record(self.conn, self.schema, "log_restored", topic=topic,
                           topic_id=topic_id, lineage=f"{root.cluster_id}-{root.topic_id}",
-                          ends={str(p): e for p, e in ends.items()}, versions=adopted)
-        lost = tuple(LostRange(topic, p, ends.get(p, 0), seen_end)
-                     for p, seen_end in sorted(seen_ends.items()) if seen_end > ends.get(p, 0))
+                          ends={str(p): e for p, e in ends.items()}, versions=adopted,
+                          lost=[r.describe() for r in lost])
         kept_segments = [s for kept in segments.values() for s in kept]
         return RestoredTopic(topic, root, topic_id, sum(s.records for s in kept_segments),
                              sum(len(s.gap_offsets) for s in kept_segments), ends, lost)
@@ -200,14 +207,17 @@ class Restorer:
             adopted.append(f"{version.job}/{version.version}")
         return adopted
 
+    def _readers(self, topic: str, topic_id: str) -> list[DeployedVersion]:
+        """Versions that read the lineage restored as ``topic_id`` (adopted by the restore)."""
+        return [v for v in versions.list_all(self.conn, self.schema)
+                if v.log_identity is not None and v.log_identity.topics.get(topic) == topic_id]
+
     def _fail_readers_of_losses(self, done: RestoredTopic) -> list[str]:
         """A version that read past the restored end read records the log no longer has:
         records produced from now on would take their offsets, unseen by it."""
         failed = []
         with self.conn.transaction():
-            for version in versions.list_all(self.conn, self.schema):
-                if done.topic not in version.spec.topics:
-                    continue
+            for version in self._readers(done.topic, done.topic_id):
                 read = runs.processed_offsets(self.conn, self.schema, version.id).get(
                     done.topic, {})
                 past = sorted((int(p), n) for p, n in read.items()
@@ -216,9 +226,7 @@ class Restorer:
                     continue
                 ranges = ", ".join(f"{done.topic}/{p} [{done.ends.get(p, 0)}, {n})"
                                    for p, n in past)
-                reason = (GONE_PREFIX + f"offsets {ranges} were lost with the broker before "
-                          "the archive held them, and this version had read them. Deploy the "
-                          "job under a new VERSION to replay the log as it is now")
+                reason = lost_records_reason(ranges)
                 run = runs.get(self.conn, self.schema, version.id, for_update=True)
                 if run.state == RunState.RETIRED:
                     continue

@@ -27,6 +27,8 @@ def add_archive_parser(sub: Any) -> None:
             action.add_argument("--once", action="store_true", help="one pass up to the log end")
             action.add_argument("--interval", type=float, default=5.0,
                                 help="seconds between passes")
+            action.add_argument("--all-topics", action="store_true",
+                                help="every topic of the broker, not only those jobs read")
 
 
 def run_archive(service: Any, args: argparse.Namespace) -> int:
@@ -69,7 +71,8 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
                   flush=True)
 
     written = service.archive(args.topics, once=args.once, interval_s=args.interval,
-                              on_segment=said, stop=stopping.is_set)
+                              on_segment=said, stop=stopping.is_set,
+                              all_topics=args.all_topics)
     if args.json:
         print_json({"segments_written": written})
     return 0
@@ -78,20 +81,24 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
 def _restore(report: Any, *, as_json: bool) -> int:
     if as_json:
         print_json(restore_json(report))
-        return 0
+    else:
+        print_restore(report)
+    return 0
+
+
+def print_restore(report: Any, *, quiet_if_nothing: bool = False) -> None:
     for t in report.restored:
         print(f"restored {t.topic}: {t.records:,} records and {t.gaps:,} gaps at their "
               f"offsets (lineage {t.root.cluster_id}-{t.root.topic_id})")
-    for topic in report.kept:
+    for topic in () if quiet_if_nothing else report.kept:
         print(f"{topic}: the broker holds it; nothing to restore")
     for lost in report.lost:
         print(f"LOST {lost.describe()}: acknowledged by the broker, gone before it was "
               "archived")
     for failed in report.failed_versions:
         print(f"failed {failed}")
-    if not report.restored and not report.kept:
+    if not report.restored and not report.kept and not quiet_if_nothing:
         print("nothing archived yet: nothing to restore")
-    return 0
 
 
 def restore_json(report: Any) -> dict[str, Any]:

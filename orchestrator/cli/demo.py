@@ -27,7 +27,9 @@ def run_demo(settings: Settings, count: int, as_json: bool) -> int:
         from orchestrator.dev import stack
 
         say("1. Starting the embedded PostgreSQL and Kafka-protocol broker (kappa dev up)")
-        started = stack.up(settings.state_dir)
+        from orchestrator.cli.dev import restore_into
+
+        started = stack.up(settings.state_dir, restore=restore_into(settings, as_json))
         settings = replace(settings, pg_dsn=started.pg_dsn,
                            kafka_bootstrap=started.kafka_bootstrap)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.cli.output import print_json, table
@@ -11,11 +12,14 @@ from orchestrator.settings import Settings
 
 
 def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = False,
-            yes: bool = False) -> int:
+            s3: bool = False, yes: bool = False) -> int:
     from orchestrator.dev import stack
 
-    if memory and action != "up":
-        raise ConfigError("--memory goes with `kappa dev up`: the storage is chosen at start")
+    if (memory or s3) and action != "up":
+        raise ConfigError(f"--{'memory' if memory else 's3'} goes with `kappa dev up`: the "
+                          "storage is chosen at start")
+    if memory and s3:
+        raise ConfigError("--memory and --s3 are two storages of the log: pick one")
     if action == "env":
         for line in stack.env_lines(settings.state_dir):
             print(line)
@@ -24,12 +28,20 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
         return _reset(settings, as_json, yes)
     if action == "down":
         _stop_drivers(settings)
+    restored: list[Any] = []
     if action == "up":
-        status = stack.up(settings.state_dir, memory=True if memory else None)
+        status = stack.up(settings.state_dir,
+                          storage=stack.MEMORY if memory else stack.S3 if s3 else None,
+                          restore=restore_into(settings, as_json, restored))
     else:
         status = {"down": stack.down, "status": stack.status}[action](settings.state_dir)
     if as_json:
-        print_json(_as_json(status))
+        shown = _as_json(status)
+        if restored:
+            from orchestrator.cli.archive import restore_json
+
+            shown["restore"] = restore_json(restored[0])
+        print_json(shown)
         return 0
     print(table(["service", "running", "pid", "address"],
                 [[s.name, "yes" if s.running else "no", s.pid, s.address]
@@ -37,12 +49,35 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
     if action == "down" and status.storage == stack.MEMORY:
         print("\nlog: it was in the broker's memory, and is gone; the versions that read it "
               "will show failed")
+    elif action == "down" and status.storage == stack.ARCHIVED:
+        print("\nlog: archived up to its end before the broker stopped; `kappa dev up` "
+              "restores it")
     else:
         print(f"\nlog: {status.storage_text}")
     if action == "up":
         print(f"state in {status.state_dir}; `kappa dev env` prints the settings as export "
               "lines")
     return 0
+
+
+def restore_into(settings: Settings, as_json: bool, reports: list[Any] | None = None
+                 ) -> Callable[[str, str], None]:
+    """What `kappa dev up` runs once the broker is up: the archived topics it lost are
+    written back before the archiver starts (the report goes to ``reports``)."""
+    def restore(pg_dsn: str, bootstrap: str) -> None:
+        from dataclasses import replace
+
+        from orchestrator.cli.archive import print_restore
+        from orchestrator.service import Orchestrator
+
+        report = Orchestrator(replace(settings, pg_dsn=pg_dsn, kafka_bootstrap=bootstrap)
+                              ).archive_restore()
+        if not as_json:
+            print_restore(report, quiet_if_nothing=True)
+        if reports is not None:
+            reports.append(report)
+
+    return restore
 
 
 def _as_json(status: Any) -> dict[str, Any]:
@@ -95,5 +130,8 @@ def _reset(settings: Settings, as_json: bool, yes: bool) -> int:
         if elsewhere and not (is_local(elsewhere)
                               and local_path(elsewhere).resolve().is_relative_to(where)):
             print(f"checkpoints under {elsewhere} (KAPPA_CHECKPOINT_ROOT) were left alone")
+        if settings.archive_root:
+            print(f"the archive under {settings.archive_root} (KAPPA_ARCHIVE_ROOT) was left "
+                  "alone")
         print("the embedded stack is down and empty; `kappa dev up` starts it afresh")
     return 0

@@ -132,7 +132,10 @@ def _parser() -> argparse.ArgumentParser:
     dev = _command(sub, "dev", "the embedded PostgreSQL and Kafka-protocol broker")
     dev.add_argument("action", choices=["up", "down", "status", "env", "reset"])
     dev.add_argument("--memory", action="store_true",
-                     help="up: keep the log in the broker's memory (fast; lost when it stops)")
+                     help="up: keep the log in the broker's memory only (lost when it stops)")
+    dev.add_argument("--s3", action="store_true",
+                     help="up: the broker keeps the log in a local S3 server (slow to read a "
+                     "log written at a steady rate)")
     dev.add_argument("--yes", action="store_true", help="reset: do not ask for confirmation")
 
     from orchestrator.cli.archive import add_archive_parser
@@ -157,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "dev":
         from orchestrator.cli.dev import run_dev
 
-        return run_dev(settings, args.action, args.json, memory=args.memory, yes=args.yes)
+        return run_dev(settings, args.action, args.json, memory=args.memory, s3=args.s3,
+                       yes=args.yes)
     if cmd == "demo":
         from orchestrator.cli.demo import run_demo
 

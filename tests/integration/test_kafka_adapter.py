@@ -113,7 +113,7 @@ def bootstrap(broker_storage: str, tmp_path_factory: pytest.TempPathFactory) -> 
         # mkdtemp, not tmp_path: the embedded server runs as another user (see conftest.stack).
         state = Path(tempfile.mkdtemp(prefix="kappa-adapter-s3-"))
         try:
-            up = dev_stack.up(state, memory=False)
+            up = dev_stack.up(state, storage=dev_stack.S3)
             assert up.kafka_bootstrap is not None
             yield up.kafka_bootstrap
         finally:

@@ -102,7 +102,7 @@ def test_a_memory_broker_restart_fails_every_version_and_no_command_shows_progre
         stop_drivers(service)
 
 
-@pytest.mark.broker_storage("s3")
+@pytest.mark.broker_storage("archive")
 def test_a_topic_recreated_under_a_durable_broker_fails_the_versions_that_read_it(
     own_state: Path, settings: object, tmp_path: Path
 ) -> None:
