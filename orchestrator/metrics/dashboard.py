@@ -280,6 +280,11 @@ def _builder() -> dashboard_b.Dashboard:
                          .icon_color("purple").expr(_ALIAS_SWITCHES)))
     for panel in _panels():
         board = board.with_panel(panel)
+    from orchestrator.metrics.dashboard_archive import archive_panels, archive_row
+
+    board = board.with_row(archive_row(20))
+    for panel in archive_panels(21):
+        board = board.with_panel(panel)
     return board
 
 

@@ -226,3 +226,58 @@ def test_a_topic_nobody_created_is_refused_when_named_and_waited_for_otherwise(s
         assert archiver.archive([missing], skip_missing=True) == []
         with pytest.raises(ArchiveError, match=f"topic {missing} does not exist"):
             archiver.archive([missing])
+
+
+def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(settings, topic: str
+                                                                          ) -> None:
+    """`kappa archive run` SIGKILLed five times at random moments of its writing, while the log
+    grows; each run resumes where the manifest ends, and the archive equals the log."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.kafka.offsets import log_bounds
+    from orchestrator.kafka.reader import read_range
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=400)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 30_000, seed=138)
+    assert service.archive_status([topic])  # the catalog, with its manifest, exists now
+    env = dict(os.environ, **settings.driver_environment())
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    chance = random.Random(int(os.environ.get("KAPPA_CHAOS_SEED", "138")))
+    recorded = 0
+    for kill in range(5):
+        proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Killed once it has recorded something new, a random moment later: mid-segment.
+        wait_until(lambda before=recorded: len(_manifest(settings, topic)) > before, 120,
+                   f"archiver run {kill + 1} to record a segment")
+        time.sleep(chance.uniform(0.0, 0.4))
+        os.kill(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        assert "Traceback" not in err.decode()
+        recorded = len(_manifest(settings, topic))
+        service.produce_sample(topic, 2_000, seed=139 + kill)  # the log grows meanwhile
+    assert _run(settings, topic) == 0
+
+    segments = _manifest(settings, topic)
+    root = settings.state_dir / "archive"
+    on_disk = sorted(str(p.relative_to(root)) for p in root.rglob("*.parquet"))
+    assert on_disk == sorted(s.path for s in segments)  # nothing half-written or unrecorded
+    assert not [p for p in root.rglob("*") if ".tmp-" in p.name]
+    store = ParquetStore(str(root))
+    group = f"test-archive-{uuid.uuid4().hex[:8]}"
+    for (name, partition), (start, end) in log_bounds(settings.kafka, [topic]).items():
+        mine = [s for s in segments if s.partition == partition]
+        assert mine[0].first_offset == start and mine[-1].end_offset == end
+        assert all(a.end_offset == b.first_offset for a, b in pairwise(mine))
+        archived = [r for s in mine for r in store.read(s.path)]
+        from_log = [r for batch in read_range(settings.kafka, name, partition, start, end,
+                                              group, timestamp_types=True) for r in batch]
+        assert archived == from_log

@@ -93,14 +93,17 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
             dev_stack.up(state)
             _exact(settings, service, topic, f"round {round_}: PostgreSQL restarted mid-commit")
 
-            # The broker stops answering for a minute while the version catches up.
+            # The broker stops answering for a minute while the version catches up (in the
+            # first round: a second minute-long outage found nothing the first had not).
             service.produce_sample(topic, 15_000, seed=200 + round_)
-            broker.suspend()
-            try:
-                _ride_out_broker_outage(settings, service)
-            finally:
-                broker.resume()
-            _exact(settings, service, topic, f"round {round_}: broker suspended")
+            if round_ == 0:
+                broker.suspend()
+                try:
+                    _ride_out_broker_outage(settings, service)
+                finally:
+                    broker.resume()
+            _exact(settings, service, topic, f"round {round_}: more records"
+                   + (", broker suspended" if round_ == 0 else ""))
 
             # The driver is killed in the middle of a commit; a restart goes on.
             with _commit_held(settings, service, topic, seed=300 + round_):

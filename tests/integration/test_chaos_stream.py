@@ -57,7 +57,9 @@ def test_a_stateful_stream_job_survives_postgres_and_driver_kills_while_a_produc
              "--count", str(PRODUCED), "--seed", str(seed % 1000 + 1), "--users", "300",
              "--rate", "800"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            actions = ["postgres", "postgres", "driver", "driver", "fail_point", "fail_point"]
+            # Two postmaster kills, and two driver kills (one of them followed by a death at a
+            # fail point): six rounds found nothing that these four did not, at two more starts.
+            actions = ["postgres", "postgres", "driver", "fail_point"]
             rng.shuffle(actions)
             for round_, action in enumerate(actions):
                 # A random moment: some progress since the last round, 1 to 2,000 records (at

@@ -26,7 +26,8 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
     service.produce_sample(topic, 300_000, seed=71)
     service.deploy(job_file(tmp_path, "v1", topic))
     try:
-        with agent(settings, tmp_path, "--interval", "1", "--window", "5") as target, \
+        with agent(settings, tmp_path, "--interval", "1", "--window", "5",
+                   archive=True) as target, \
                 prometheus(tmp_path, target) as url:
             selector = f'job="{JOB}",version="v1"'
             wait_until(lambda: query(url, f"kappa_lag_records{{{selector}}} > 0"), 120,

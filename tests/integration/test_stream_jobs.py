@@ -59,7 +59,7 @@ def _processed(service: Any, job: str, version: str) -> tuple[Any, int]:
     return st, sum(o for ps in st.processed_offsets.values() for o in ps.values())
 
 
-# Enough for each small-batch replay to span 3 to 15 batches, so that both kills land
+# Enough for each small-batch replay to span 3 to 15 batches, so that its kill lands
 # mid-replay; more records add CPU time, not cases.
 PAGEVIEWS, PROFILES = 100_000, 20_000
 
@@ -84,14 +84,15 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
             small.deploy(example(tmp_path, which, topics, version="small"))
         big.deploy(example(tmp_path, "user_profiles_v2", topics))
 
-        # Two SIGKILLs of each small-batch replay at random moments, each followed by a
-        # restart: stream state and exactly-once must both survive them.
+        # A SIGKILL of each small-batch replay at a random moment, followed by a restart:
+        # stream state and exactly-once must both survive it. (A second kill per replay found
+        # nothing the first had not; the chaos test kills a stream job's driver repeatedly.)
         seed = random.randrange(1 << 30)
         print(f"kill moments seed {seed}")
         rng = random.Random(seed)
         totals = {"url_visitors": PAGEVIEWS, "user_profiles": PROFILES,
                   "country_views": PAGEVIEWS + PROFILES}
-        for low, high in ((0.1, 0.4), (0.55, 0.85)):
+        for low, high in ((0.1, 0.85),):
             for which in examples:
                 target = int(totals[which] * rng.uniform(low, high))
 
@@ -108,7 +109,7 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         log = Log(read_records(settings.kafka_bootstrap, topics["pageviews"]),
                   read_records(settings.kafka_bootstrap, topics["profiles"]))
         for which in examples:
-            assert small.wait(which, "small", timeout_s=600).attempt == 3
+            assert small.wait(which, "small", timeout_s=600).attempt == 2
             big.wait(which, "v1", timeout_s=600)
             reference = _reference(log, which)
             assert reference, which

@@ -11,8 +11,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from orchestrator.archive.segments import PartitionArchive
 from orchestrator.lag import LagState
 from orchestrator.metrics import dashboard
+from orchestrator.metrics.dashboard_archive import TITLES as ARCHIVE_TITLES
 from orchestrator.metrics.exporter import KappaCollector, Sampler, Snapshot
 from orchestrator.models import PartitionLag, VersionLag, VersionStatus
 from orchestrator.states import RunState
@@ -22,7 +24,8 @@ DASHBOARDS = ROOT / "dashboards"
 COMMITTED = DASHBOARDS / "kappa-replay.json"
 DASHBOARDS_YAML = DASHBOARDS / "provisioning" / "dashboards" / "kappa.yaml"
 DATASOURCES_YAML = DASHBOARDS / "provisioning" / "datasources" / "prometheus.yaml"
-GLOBAL_PANELS = {"Exporter"}  # the exporter's own metrics carry no job or version
+# The exporter's own metrics, and the archive's (per topic), carry no job or version.
+GLOBAL_PANELS = {"Exporter", *ARCHIVE_TITLES}
 ALIAS_METRICS = {"kappa_alias_switches_total", "kappa_alias_target"}  # annotations only
 
 
@@ -134,7 +137,8 @@ def test_panels_use_only_metrics_the_exporter_exports(model: dict[str, Any]) -> 
         output_table="o", dead_letter_table="d", rows=5, dead_letters=1, processed_offsets={},
         lag_records=60, heartbeat_age_s=1.0, reason=None, attempt=1, log_path=None,
         started_at=None)
-    sampler = Sampler(take=lambda: Snapshot((lag,), (status,), 1000.0))
+    archived = PartitionArchive("pageviews", 0, "c-t", True, 0, 90, 1, 88, 2, 4096, 0, 100, 1.5)
+    sampler = Sampler(take=lambda: Snapshot((lag,), (status,), 1000.0, archive=(archived,)))
     sampler.refresh()
     registry = CollectorRegistry()
     registry.register(KappaCollector(sampler))
