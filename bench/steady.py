@@ -73,8 +73,13 @@ def _live(state: Path, rate: float, seconds: float) -> dict[str, Any]:
     archive_max: float = 0.0
     unknown = samples = 0
     time.sleep(5)  # the first records reach the versions
+    failures: list[str] = []
     while producer.is_alive():
-        versions, archive = _behind(state)
+        try:
+            versions, archive = _behind(state)
+        except SystemExit as exc:  # a sample that failed is a figure unknown, and said
+            failures.append(str(exc)[:300])
+            versions, archive = [None], None
         samples += 1
         if None in versions or archive is None:
             unknown += 1
@@ -82,7 +87,8 @@ def _live(state: Path, rate: float, seconds: float) -> dict[str, Any]:
         archive_max = max(archive_max, archive or 0.0)
         time.sleep(2)
     producer.join()
-    return {"samples": samples, "unknown_samples": unknown,
+    return {"samples": samples, "unknown_samples": unknown, "failed_samples": failures[:5],
+            "failed_sample_count": len(failures),
             "versions_max_lag_s": round(version_max, 1),
             "archive_max_lag_s": round(archive_max, 1)}
 
@@ -120,6 +126,7 @@ def main() -> int:
         _kappa(memory, "dev", "up", "--memory")
         _kappa(memory, "produce-sample", "--topic", TOPIC, "--count", str(args.count))
         results["memory_bulk_replay_s"] = _replays(memory)
+        print(json.dumps(results), file=sys.stderr, flush=True)
         _kappa(memory, "dev", "down")
 
         up = json.loads(_kappa(state, "dev", "up", "--json"))
@@ -131,7 +138,9 @@ def main() -> int:
         results["replay_rate_ratio_to_memory"] = {
             v: round(results["memory_bulk_replay_s"][v] / results["archived_steady_replay_s"][v],
                      2) for v in ("v1", "v2")}
+        print(json.dumps(results), file=sys.stderr, flush=True)
         results["live"] = _live(state, args.live_rate, args.live_seconds)
+        print(json.dumps(results), file=sys.stderr, flush=True)
         _kappa(state, "wait", JOB, "v1", "--timeout", "600")
         _kappa(state, "wait", JOB, "v2", "--timeout", "600")
         before = read_records(up["kafka_bootstrap"], TOPIC)
@@ -153,6 +162,7 @@ def main() -> int:
             _kappa(where, "dev", "down", check=False)
             shutil.rmtree(where, ignore_errors=True)
     report(results, as_json=args.json, width=30)
+    print(json.dumps(results), file=sys.stderr)
     return 0 if results.get("output_exact_after_restart") else 1
 
 

