@@ -27,7 +27,9 @@ from orchestrator.archive.segments import (
     Segment,
     check_contiguous,
     checksum,
+    first_difference,
     gap_offsets,
+    matches_manifest,
     next_offset,
     segment_path,
 )
@@ -300,7 +302,7 @@ def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
     compared = records = 0
     for s in segments:
         archived = archiver.store.read(s.path)
-        if checksum(archived) != s.checksum or len(archived) != s.records:
+        if not matches_manifest(s, archived):
             raise ArchiveError(
                 f"segment {archiver.store.location(s.path)} differs from the manifest (its "
                 "checksum or record count): it changed after it was written; restore it from a "
@@ -314,8 +316,7 @@ def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
         from_log = read_archived(archiver.kafka, s.lineage.topic, s.partition, s.first_offset,
                                  s.end_offset, archiver.group_id)
         if from_log != archived:
-            first = next((a[0] for a, b in zip(archived, from_log, strict=False) if a != b),
-                         min(len(archived), len(from_log)))
+            first = first_difference(archived, from_log, min(len(archived), len(from_log)))
             raise ArchiveError(
                 f"segment {archiver.store.location(s.path)} differs from the log at or near "
                 f"offset {first}: the log was rewritten under the same topic id, or the "

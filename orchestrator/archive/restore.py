@@ -27,7 +27,8 @@ from orchestrator.archive.segments import (
     Lineage,
     Segment,
     check_contiguous,
-    checksum,
+    first_difference,
+    matches_manifest,
 )
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import events, runs, versions
@@ -164,7 +165,7 @@ class Restorer:
     def _checked(self, segment: Segment) -> list[ArchivedRecord]:
         """A segment's records, only if they are what the manifest recorded."""
         records = self.store.read(segment.path)
-        if len(records) != segment.records or checksum(records) != segment.checksum:
+        if not matches_manifest(segment, records):
             raise ArchiveError(
                 f"segment {self.store.location(segment.path)} differs from its manifest "
                 "checksum: it is not restored, and neither is the rest of its topic. Put the "
@@ -185,9 +186,8 @@ class Restorer:
             for s in kept:
                 back = read_archived(self.kafka, topic, partition, s.first_offset, s.end_offset,
                                      f"kappa-restore-check-{topic}")
-                if checksum(back) != s.checksum:
-                    first = next((b[0] for b, a in zip(back, self.store.read(s.path),
-                                                       strict=False) if a != b), s.first_offset)
+                if not matches_manifest(s, back):
+                    first = first_difference(self.store.read(s.path), back, s.first_offset)
                     raise ArchiveError(
                         f"restored {topic}/{partition} differs from segment {s.path} at or near "
                         f"offset {first}: the broker changed a record (its timestamp type, "

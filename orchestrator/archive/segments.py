@@ -122,6 +122,17 @@ def _field(update: object, data: bytes | None) -> None:
         update(data)  # type: ignore[operator]
 
 
+def matches_manifest(segment: Segment, records: Sequence[ArchivedRecord]) -> bool:
+    """Whether ``records`` (read back from a file or a log) are what the manifest recorded."""
+    return len(records) == segment.records and checksum(records) == segment.checksum
+
+
+def first_difference(expected: Sequence[ArchivedRecord], found: Sequence[ArchivedRecord],
+                     default: int) -> int:
+    """The offset of the first record where ``found`` differs from ``expected``."""
+    return next((a[0] for a, b in zip(expected, found, strict=False) if a != b), default)
+
+
 def next_offset(segments: Sequence[Segment], log_start: int) -> int:
     """Where the next segment of a partition starts: the end of the last one, or the log start
     for a partition not archived yet."""

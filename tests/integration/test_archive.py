@@ -237,7 +237,6 @@ def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(setting
     import signal
     import subprocess
     import sys
-    import time
 
     from orchestrator.archive.parquet_store import ParquetStore
     from orchestrator.kafka.offsets import log_bounds
@@ -255,10 +254,10 @@ def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(setting
     for kill in range(5):
         proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # Killed once it has recorded something new, a random moment later: mid-segment.
-        wait_until(lambda before=recorded: len(_manifest(settings, topic)) > before, 120,
-                   f"archiver run {kill + 1} to record a segment")
-        time.sleep(chance.uniform(0.0, 0.4))
+        # Killed once it has recorded 1 to 3 new segments, a random point of its writing.
+        target = recorded + chance.randint(1, 3)
+        wait_until(lambda t=target: len(_manifest(settings, topic)) >= t, 120,
+                   f"archiver run {kill + 1} to record segment {target}", poll_s=0.02)
         os.kill(proc.pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=30)
         assert "Traceback" not in err.decode()
