@@ -41,6 +41,7 @@ POINTS = (
     "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
     "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
     "driver.measure_lag",  # the driver asks how far behind the log end it is
+    "driver.going_live",  # caught_up is recorded, not yet committed; live is next
     "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
     "source.read",  # a read task (on an executor) is about to read its offset range
     "archive.before_rename",  # a segment is written and synced under its temporary name

@@ -3,73 +3,46 @@
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from orchestrator import monitor
+from orchestrator import lifecycle, monitor, reporting
 from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import aliases as alias_rows
-from orchestrator.catalog import events, output, runs, versions
-from orchestrator.catalog.batches import gap_to_new_log
+from orchestrator.catalog import events, runs, versions
 from orchestrator.catalog.db import connect, open_connection
 from orchestrator.catalog.migrations import migrate
-from orchestrator.determinism import replay_hazards
 from orchestrator.errors import (
     KappaError,
-    LaunchError,
-    LogChangedError,
-    NotFoundError,
-    ServiceUnavailableError,
-    StateError,
 )
-from orchestrator.jobspec import load_job_file
 from orchestrator.lag import (
-    LagState,
-    LogMismatch,
     Thresholds,
     lag_against,
-    log_changed_reason,
     log_mismatches,
-    replay_start,
 )
-from orchestrator.log_identity import log_gone_reason, read_lost_records
+from orchestrator.lifecycle import DeployResult, checkpoint_location
 from orchestrator.models import (
     AliasState,
     DeployedVersion,
-    Offsets,
-    RunRecord,
     VersionLag,
     VersionStatus,
 )
-from orchestrator.monitor import fail_on_log_change
-from orchestrator.naming import consumer_group, dead_letter_table, output_table, validate_name
+from orchestrator.naming import validate_name
+from orchestrator.reporting import CRASHED, Progress
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark import launcher
 from orchestrator.states import RunState
 from orchestrator.switching import Switchboard
 
-Progress = Callable[[VersionStatus], None]
-# Between recording an attempt and recording its driver's PID there is only a process spawn: a
-# run without a PID for this long lost its deploying process.
-_LAUNCH_GRACE_S = 60.0
-# How the reason of a driver that died without a word begins (the agent restarts those).
-CRASHED = "driver process"
+__all__ = ["CRASHED", "DeployResult", "Orchestrator", "Progress", "checkpoint_location"]
 
 
-@dataclass(frozen=True)
-class DeployResult:
-    created: bool  # False: the same code was already deployed under this label (a no-op)
-    status: VersionStatus
-    # Constructs that make the output at rest depend on where batches were cut (file:line: why)
-    warnings: tuple[str, ...] = ()
+
 
 
 class Orchestrator:
@@ -90,378 +63,42 @@ class Orchestrator:
                 self._migrated = True
             yield conn
 
-    # Deploying -----------------------------------------------------------------------------
+    # Deploying and controlling ---------------------------------------------------------------
     def deploy(self, job_file: str | Path, *, allow_gap: bool = False) -> DeployResult:
-        from orchestrator.kafka.admin import check_access, log_identity, topic_partitions
-        from orchestrator.kafka.offsets import log_bounds
+        return lifecycle.deploy(self, job_file, allow_gap=allow_gap)
 
-        spec = load_job_file(job_file)
-        hazards = tuple(replay_hazards(spec))
-        s = self.settings
-        _, bootstrap = s.require_services()
-        check_access(bootstrap)  # a refused certificate or password, named before anything runs
-        with self._catalog() as conn:
-            existing = versions.find(conn, s.catalog_schema, spec.name, spec.version)
-            if existing is not None:
-                versions.check_same_code(existing, spec)
-                if runs.get(conn, s.catalog_schema, existing.id).state == RunState.REGISTERED:
-                    # Registered by a deploy that crashed before it launched the driver.
-                    self._start(conn, existing)
-                return DeployResult(False, self._status_of(conn, existing), hazards)
-            for topic in spec.topics:
-                topic_partitions(bootstrap, topic)  # a clear error for a missing topic
-            # Before the bounds: a topic recreated in between fails the version, never blesses
-            # a log it did not read.
-            identity = log_identity(bootstrap, list(spec.topics))
-            bounds = log_bounds(bootstrap, list(spec.topics))
-            log_start, gone = replay_start(bounds, allow_gap=allow_gap)
-            out, dlq = output_table(spec.name, spec.version), dead_letter_table(spec.name,
-                                                                                spec.version)
-            checkpoint = checkpoint_location(s, spec.name, spec.version)
-            with conn.transaction():
-                version = versions.insert(
-                    conn, s.catalog_schema, spec, output_table=out, dead_letter_table=dlq,
-                    checkpoint_dir=checkpoint,
-                    consumer_group=consumer_group(spec.name, spec.version), log_start=log_start,
-                    log_identity=identity)
-                output.create_tables(conn, s.data_schema, spec, out, dlq)
-                runs.create(conn, s.catalog_schema, version.id)
-                events.record(conn, s.catalog_schema, "deploy", job=spec.name,
-                              version=spec.version, fingerprint=spec.fingerprint,
-                              file=str(spec.path), log_start=log_start, allow_gap=allow_gap,
-                              log_identity=identity.to_json(),
-                              gap_offsets=gone, files=[p for p, _ in spec.files],
-                              replay_hazards=list(hazards))
-            self._start(conn, version)
-            # So that a later switch to this version needs no DDL.
-            self._switchboard(conn).refresh_views(spec.name)
-            events.prune(conn, s.catalog_schema, s.events_kept)
-            return DeployResult(True, self._status_of(conn, version), hazards)
-
-    def _start(self, conn: psycopg.Connection, version: DeployedVersion) -> RunRecord:
-        s = self.settings
-        with conn.transaction():
-            run = runs.get(conn, s.catalog_schema, version.id, for_update=True)
-            attempt = run.attempt + 1
-            runs.change_state(conn, s.catalog_schema, version, RunState.STARTING,
-                              attempt=attempt, pid=None, pid_started=None, app_id=None,
-                              heartbeat_at=None, started_at=datetime.now(UTC))
-        try:
-            process = launcher.launch(s, version.job, version.version, attempt)
-        except OSError as exc:
-            with conn.transaction():
-                runs.change_state(conn, s.catalog_schema, version, RunState.FAILED,
-                                  reason=f"could not launch the driver: {exc}",
-                                  expect_attempt=attempt)
-            raise LaunchError(f"could not launch the driver of {version.job} "
-                              f"{version.version}: {exc}; fix it, then `kappa restart "
-                              f"{version.job} {version.version}`") from exc
-        with conn.transaction():
-            conn.execute(
-                psycopg.sql.SQL("UPDATE {}.runs SET pid = %s, pid_started = %s, log_path = %s, "
-                                "host = %s WHERE version_id = %s AND attempt = %s")
-                .format(psycopg.sql.Identifier(s.catalog_schema)),
-                (process.pid, process.started, str(process.log_path), launcher.this_host(),
-                 version.id, attempt))
-            return runs.get(conn, s.catalog_schema, version.id)
-
-    # Controlling ---------------------------------------------------------------------------
     def stop(self, job: str, version: str) -> VersionStatus:
-        s = self.settings
-        with self._catalog() as conn:
-            deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
-            run = runs.get(conn, s.catalog_schema, deployed.id)
-            if run.state in (RunState.STOPPED, RunState.RETIRED, RunState.REGISTERED):
-                raise StateError(f"{job} {version} is already {run.state.value}: nothing to stop")
-            with conn.transaction():
-                runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
-                                  reason="stopped by `kappa stop`")
-            launcher.stop_driver(run)
-            return self._status_of(conn, deployed)
+        return lifecycle.stop(self, job, version)
 
     def stop_all(self) -> list[VersionStatus]:
-        """Stop every version whose driver should be running (before the services go away)."""
-        return [self.stop(st.job, st.version) for st in self.status() if st.state.is_active]
+        return lifecycle.stop_all(self)
 
     def restart(self, job: str, version: str, *, allow_gap: bool = False,
                 quarantine: bool = False) -> VersionStatus:
-        """Resume a version from its checkpoint, replacing its driver if one still runs.
-
-        A version whose log changed under it (a topic recreated, retention past what it read)
-        is refused, and recorded failed, unless ``allow_gap``: then it resumes at each such
-        partition's log start, and the event log records the offsets it skipped. A stream job
-        whose checkpoint (its state) is gone is refused: redeploy it under a new version.
-
-        ``quarantine``: the next batch (the one that kept failing) is re-run range by range, and
-        the records that fail go to the dead-letter table with their error (batch jobs)."""
-        from orchestrator.catalog.batches import next_batch_id
-        from orchestrator.spark.checkpoint import Checkpoint, is_local
-
-        s = self.settings
-        with self._catalog() as conn:
-            deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
-            run = runs.get(conn, s.catalog_schema, deployed.id)
-            if run.state == RunState.RETIRED:
-                raise StateError(f"{job} {version} is retired: deploy a new version instead")
-            with conn.transaction():
-                processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
-                applied = next_batch_id(conn, s.catalog_schema, deployed.id)
-            if (deployed.spec.mode == "stream" and applied
-                    and is_local(deployed.checkpoint_dir)
-                    and not Checkpoint(deployed.checkpoint_dir).has_batches()):
-                raise StateError(
-                    f"the checkpoint of {job} {version} ({deployed.checkpoint_dir}) is gone, "
-                    "and with it the state of its stream job: its output cannot be continued "
-                    "exactly. Deploy the job under a new VERSION, which replays from offset 0")
-            if read_lost_records(run.reason):
-                raise LogChangedError(str(run.reason))
-            launcher.stop_driver(run)
-            if run.state.is_active:
-                with conn.transaction():
-                    run = runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
-                                            reason="replaced by `kappa restart`") or run
-            identity = monitor.current_identity(s, list(deployed.spec.topics))
-            gone = monitor.log_gone(deployed, identity)
-            if gone and not allow_gap:
-                monitor.fail_on_log_gone(conn, s.catalog_schema, deployed, run, gone)
-                raise LogChangedError(log_gone_reason(gone, job, version))
-            bounds = self._bounds(deployed)
-            mismatches = [] if bounds is None else log_mismatches(
-                processed or deployed.log_start, bounds)
-            if gone:
-                # The whole of each changed topic (every topic on another cluster) is a new log.
-                changed = {c.topic for c in gone} if all(c.topic for c in gone) \
-                    else set(deployed.spec.topics)
-                mismatches = [LogMismatch(t, p, (processed or deployed.log_start).get(t, {})
-                                          .get(str(p), first), first, end, replaced=True)
-                              for (t, p), (first, end) in sorted((bounds or {}).items())
-                              if t in changed]
-                if any(c.kind == "gone" for c in gone):
-                    raise NotFoundError(log_gone_reason(gone, job, version))
-                if bounds is None:
-                    raise ServiceUnavailableError(
-                        f"the log ends of {', '.join(deployed.spec.topics)} cannot be read now: "
-                        "check the broker, then run the same command again")
-            if mismatches and not allow_gap:
-                fail_on_log_change(conn, s.catalog_schema, deployed, run, processed,
-                                   bounds or {})
-                raise LogChangedError(log_changed_reason(mismatches, job, version))
-            if mismatches:
-                self._skip_gap(conn, deployed, mismatches)
-            if gone and identity is not None:
-                with conn.transaction():
-                    deployed = versions.set_log_identity(conn, s.catalog_schema, deployed,
-                                                         identity)
-            if quarantine:
-                if deployed.spec.mode != "batch":
-                    raise StateError(
-                        f"{job} {version} is a stream job: its records pass through its state "
-                        "and cannot be re-run one range at a time; fix the job and redeploy it "
-                        "under a new VERSION")
-                with conn.transaction():
-                    runs.set_quarantine_batch(conn, s.catalog_schema, deployed.id, applied)
-                    events.record(conn, s.catalog_schema, "quarantine_requested", job=job,
-                                  version=version, batch=applied, previous_reason=run.reason)
-            self._start(conn, deployed)
-            return self._status_of(conn, deployed)
-
-    def _skip_gap(self, conn: psycopg.Connection, v: DeployedVersion,
-                  mismatches: list[LogMismatch]) -> None:
-        """Move the version's position to the log start of each changed partition, and start a
-        new checkpoint from the catalog there (the old one is kept aside)."""
-        from orchestrator.spark.checkpoint import is_local, set_aside_local
-
-        s = self.settings
-        if v.spec.mode == "stream":
-            raise StateError(
-                f"{v.job} {v.version} is a stream job: its state describes the old log and "
-                "cannot skip to a new one. Deploy the job under a new VERSION, which replays "
-                "the log as it is now")
-        if not is_local(v.checkpoint_dir):
-            raise StateError(
-                f"the checkpoint of {v.job} {v.version} is at {v.checkpoint_dir}: remove it "
-                "(it records the old positions), then run `kappa restart --allow-gap` again")
-        aside = set_aside_local(v.checkpoint_dir, f"before-gap-{int(time.time())}")
-        with conn.transaction():
-            for m in mismatches:
-                gap_to_new_log(conn, s.catalog_schema, v.id, m.topic, m.partition,
-                               m.log_start, recreated=m.recreated)
-            events.record(conn, s.catalog_schema, "gap", job=v.job, version=v.version,
-                          partitions=[{"topic": m.topic, "partition": m.partition,
-                                       "processed": m.processed, "log_start": m.log_start,
-                                       "log_end": m.log_end, "recreated": m.recreated}
-                                      for m in mismatches],
-                          reason=log_changed_reason(mismatches, v.job, v.version),
-                          checkpoint_set_aside=aside)
+        return lifecycle.restart(self, job, version, allow_gap=allow_gap, quarantine=quarantine)
 
     # Reporting -----------------------------------------------------------------------------
     def status(self, job: str | None = None, *, exact_rows: bool = True) -> list[VersionStatus]:
-        """Every (or one job's) version. ``exact_rows=False`` (the agent, every few seconds)
-        scans no table: output rows come from PostgreSQL's statistics, dead letters the batches'
-        totals."""
-        s = self.settings
-        with self._catalog() as conn:
-            if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
-                raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
-            return [self._status_of(conn, v, exact_rows=exact_rows) for v in
-                    versions.list_all(conn, s.catalog_schema, job)]
+        return reporting.status(self, job, exact_rows=exact_rows)
 
     def version_status(self, job: str, version: str) -> VersionStatus:
-        s = self.settings
-        with self._catalog() as conn:
-            deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
-            return self._status_of(conn, deployed)
+        return reporting.version_status(self, job, version)
 
     def wait(self, job: str, version: str, *, timeout_s: float | None = None,
              max_lag: int = 0, progress: Progress | None = None, poll_s: float = 1.0,
              limits: Thresholds | None = None) -> VersionStatus:
-        """Block until the version has caught up (at most ``max_lag`` records behind); raise on
-        failure, stop, stall or timeout."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        window = (limits or Thresholds()).window_s
-        next_stall_check = 0.0
-        while True:
-            # Measuring lag costs broker round trips: a few per window are enough.
-            check_stall = time.monotonic() >= next_stall_check
-            if check_stall:
-                next_stall_check = time.monotonic() + window / 6
-            st = self.catch_up_progress(job, version, max_lag=max_lag, check_stall=check_stall,
-                                        limits=limits)
-            if progress:
-                progress(st)
-            if st.caught_up(max_lag):
-                return st
-            if deadline is not None and time.monotonic() > deadline:
-                raise KappaError(f"{job} {version} has not caught up after {timeout_s:.0f}s "
-                                 f"({st.lag_records} records behind); it keeps running: "
-                                 f"`kappa lag {job}`")
-            time.sleep(poll_s)
+        return reporting.wait(self, job, version, timeout_s=timeout_s, max_lag=max_lag,
+                              progress=progress, poll_s=poll_s, limits=limits)
 
     def catch_up_progress(self, job: str, version: str, *, max_lag: int = 0,
                           check_stall: bool = True, limits: Thresholds | None = None
                           ) -> VersionStatus:
-        """One look at a version that is catching up: its status, or an error if it failed,
-        was stopped or (with ``check_stall``) has stalled. Pollers (``wait``, the Airflow
-        trigger) call this until ``status.caught_up(max_lag)``."""
-        st = self.version_status(job, version)
-        if st.state == RunState.RETIRED:
-            raise StateError(f"{job} {version} is retired: deploy a new version instead")
-        if st.log_gone:  # the reason says what to run; a restart would not help
-            raise StateError(f"{job} {version} is {st.state.value}: {st.reason}")
-        if st.state in (RunState.FAILED, RunState.STOPPED):
-            why = f" ({st.reason})" if st.reason else ""
-            log = f"; its driver's log: {st.log_path}" if st.state == RunState.FAILED else ""
-            raise StateError(f"{job} {version} is {st.state.value}{why}: run `kappa restart "
-                             f"{job} {version}` to resume it{log}")
-        if st.caught_up(max_lag) or st.state == RunState.STARTING or not check_stall:
-            return st
-        window = (limits or Thresholds()).window_s
-        (measured,) = self.lag(job, version, limits)
-        if measured.state == LagState.STALLED:
-            raise KappaError(f"{job} {version} is stalled: {measured.lag_records} records behind "
-                             f"and no progress for {window:.0f}s; see the log {st.log_path}")
-        return st
-
-    def _status_of(self, conn: psycopg.Connection, v: DeployedVersion, *,
-                   exact_rows: bool = True) -> VersionStatus:
-        from orchestrator.catalog.batches import dead_letter_total
-
-        s = self.settings
-        with conn.transaction():
-            run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
-            processed = runs.processed_offsets(conn, s.catalog_schema, v.id)
-            if exact_rows:
-                rows = output.count_rows(conn, s.data_schema, v.output_table)
-                dead = output.count_rows(conn, s.data_schema, v.dead_letter_table)
-            else:
-                rows = output.estimate_rows(conn, s.data_schema, v.output_table)
-                dead = dead_letter_total(conn, s.catalog_schema, v.id)
-        identity = monitor.current_identity(s, list(v.spec.topics))
-        gone = monitor.log_gone(v, identity)
-        bounds = None if gone else self._bounds(v)
-        lag = None
-        if gone:
-            # No lag against a log the version never read.
-            run = monitor.fail_on_log_gone(conn, s.catalog_schema, v, run, gone)
-        elif bounds is not None:
-            run = fail_on_log_change(conn, s.catalog_schema, v, run, processed, bounds, identity)
-            lag = lag_against(processed or v.log_start, bounds)
-        age = None
-        if run.heartbeat_at is not None and run.state.is_active:
-            age = round((datetime.now(UTC) - run.heartbeat_at).total_seconds(), 1)
-        active = run.state.is_active
-        return VersionStatus(
-            job=v.job, version=v.version, state=run.state, pid=run.pid if active else None,
-            app_id=run.app_id, output_table=f"{s.data_schema}.{v.output_table}",
-            dead_letter_table=f"{s.data_schema}.{v.dead_letter_table}", rows=rows,
-            dead_letters=dead, processed_offsets=processed or _zero(v.log_start),
-            lag_records=lag, heartbeat_age_s=age, reason=run.reason, attempt=run.attempt,
-            log_path=run.log_path, started_at=run.started_at,
-            log_tail=launcher.log_tail(run.log_path) if run.state == RunState.FAILED else (),
-            log_gone=bool(gone) or read_lost_records(run.reason),
-        )
-
-    def _check_liveness(self, conn: psycopg.Connection, v: DeployedVersion, run: RunRecord
-                        ) -> RunRecord:
-        """An active run whose driver is gone (or silent) is recorded as failed."""
-        if not run.state.is_active:
-            return run
-        # A silent driver whose process exists (paused, in a long GC) is not failed: the lag
-        # state shows it as stalled. Only a gone process is a failure.
-        reason = None
-        alive = launcher.driver_alive(run)
-        if alive is None:  # on another host: only its heartbeats tell
-            beat = run.heartbeat_at or run.started_at
-            silent = (datetime.now(UTC) - beat).total_seconds() if beat else 0.0
-            if silent > self.settings.heartbeat_timeout_s:
-                reason = (f"the driver on {run.host} has not beaten for {silent:.0f}s (more "
-                          f"than heartbeat_timeout_s={self.settings.heartbeat_timeout_s:g}): "
-                          f"it is dead or cut off; `kappa restart {v.job} {v.version}`")
-        elif alive is False:
-            if run.pid is None:
-                started = run.started_at or datetime.now(UTC)
-                if (datetime.now(UTC) - started).total_seconds() < _LAUNCH_GRACE_S:
-                    return run  # being launched right now
-                reason = (f"the driver was never launched (the process deploying it died); "
-                          f"`kappa restart {v.job} {v.version}`")
-            else:
-                reason = f"{CRASHED} {run.pid} is gone; last log lines in {run.log_path}"
-        if reason is None:
-            return run
-        updated = runs.change_state(conn, self.settings.catalog_schema, v, RunState.FAILED,
-                                    reason=reason, expect_attempt=run.attempt)
-        return updated or run
-
-    def _bounds(self, v: DeployedVersion) -> dict[tuple[str, int], tuple[int, int]] | None:
-        from orchestrator.kafka.offsets import log_bounds
-
-        _, bootstrap = self.settings.require_services()
-        try:
-            return log_bounds(bootstrap, list(v.spec.topics))
-        except KappaError:
-            return None
+        return reporting.catch_up_progress(self, job, version, max_lag=max_lag,
+                                           check_stall=check_stall, limits=limits)
 
     def lag(self, job: str | None = None, version: str | None = None,
             limits: Thresholds | None = None) -> list[VersionLag]:
-        """Measure every (or one) version's lag now, and judge its state from the history."""
-        s = self.settings
-        limits = replace(limits or Thresholds(), max_lag_records=s.max_lag_records)
-        with self._catalog() as conn:
-            if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
-                raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
-            chosen = [v for v in versions.list_all(conn, s.catalog_schema, job)
-                      if version is None or v.version == _version(version)]
-            if version is not None and not chosen:
-                versions.get(conn, s.catalog_schema, _job(job or ""), version)
-            result = []
-            for v in chosen:
-                with conn.transaction():
-                    run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
-                if run.state != RunState.RETIRED:
-                    # Throw-away broker clients: a consumer kept across samples crashed the
-                    # process (librdkafka) when a topic it had read was deleted and recreated.
-                    result.append(monitor.measure(conn, s, v, run, limits))
-            return result
+        return reporting.lag(self, job, version, limits)
 
     # Aliases -------------------------------------------------------------------------------
     def _switchboard(self, conn: psycopg.Connection) -> Switchboard:
@@ -469,7 +106,7 @@ class Orchestrator:
 
         def measure_now(deployed: DeployedVersion) -> int | None:
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
-            bounds = self._bounds(deployed)
+            bounds = reporting.bounds_of(self, deployed)
             if bounds is None or log_mismatches(processed or deployed.log_start, bounds):
                 return None  # no lag against a log the version did not read
             # After the bounds: a broker that cannot answer them costs no second timeout.
@@ -582,7 +219,8 @@ class Orchestrator:
         with self._catalog() as conn:
             for v in versions.list_all(conn, s.catalog_schema, None):
                 with conn.transaction():
-                    run = self._check_liveness(conn, v, runs.get(conn, s.catalog_schema, v.id))
+                    run = reporting.check_liveness(self, conn, v,
+                                                   runs.get(conn, s.catalog_schema, v.id))
                 if (run.state == RunState.FAILED and run.host in (None, here)
                         and (run.reason or "").startswith(CRASHED)):
                     found.append((v.job, v.version, run.attempt, run.reason or ""))
@@ -638,8 +276,12 @@ class Orchestrator:
         from orchestrator.archive.restore import Restorer
 
         with self._catalog() as conn:
-            return Restorer(self.settings, conn, self.settings.require_services()[1]).restore(
-                topics)
+            report = Restorer(self.settings, conn, self.settings.require_services()[1]
+                              ).restore(topics)
+        # A driver that read the lost topic would fail on its new id: it starts again on it.
+        for job, version in report.continuing:
+            self.restart(job, version)
+        return report
 
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
@@ -685,23 +327,6 @@ class Orchestrator:
         return produce(bootstrap, topic, records, rate=rate)
 
 
-def checkpoint_location(settings: Settings, job: str, version: str) -> str:
-    from orchestrator.spark.checkpoint import is_local, local_path
-
-    root = settings.checkpoint_root or str(settings.state_dir / "checkpoints")
-    if is_local(root):
-        return str((local_path(root) / job / version).resolve())
-    return f"{root.rstrip('/')}/{job}/{version}"
 
 
-def _job(name: str) -> str:
-    return validate_name(name, "job name")
-
-
-def _version(name: str) -> str:
-    return validate_name(name, "version")
-
-
-def _zero(log_start: Offsets) -> Offsets:
-    return {t: dict(ps) for t, ps in log_start.items()}
 

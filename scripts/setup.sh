@@ -23,8 +23,9 @@ if [ ! -x .venv/node/node_modules/.bin/s3rver ] \
    || ! grep -q "\"version\": \"$s3rver_version\"" .venv/node/node_modules/s3rver/package.json; then
   if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm \
-      >/dev/null || true
+    # The lock may be held by scripts/test.sh's install of Debian packages, running meanwhile.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      -o DPkg::Lock::Timeout=300 nodejs npm >/dev/null || true
   fi
   if command -v npm >/dev/null 2>&1; then
     npm install --silent --no-fund --no-audit --prefix .venv/node "s3rver@$s3rver_version" >/dev/null

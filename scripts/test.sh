@@ -3,28 +3,51 @@
 # whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,airflow
+began=$SECONDS
 # From Debian's packages: a real Prometheus server for the metrics tests, and socat and openssl
-# to put TLS in front of the embedded broker for the secured-Kafka tests.
+# to put TLS in front of the embedded broker for the secured-Kafka tests. Installed while pip
+# installs the Python packages (both mostly wait on downloads).
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
 command -v socat >/dev/null 2>&1 || missing="$missing socat"
 command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
+apt_job=""
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then
     # Not fatal here: without them their tests say what is missing (and fail in CI).
-    apt-get update -qq || true
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
-      >/dev/null || echo "could not install$missing from Debian" >&2
+    (
+      apt-get update -qq || true
+      # shellcheck disable=SC2086
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o DPkg::Lock::Timeout=300 $missing >/dev/null \
+        || echo "could not install$missing from Debian" >&2
+    ) &
+    apt_job=$!
   else
     echo "not installed:$missing; run 'sudo apt-get install$missing' (their tests will say so)" >&2
   fi
 fi
+bash scripts/setup.sh dev,airflow
+if [ -n "$apt_job" ]; then
+  wait "$apt_job" || true
+fi
+echo "setup took $((SECONDS - began)) s" >&2
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
-mypy
+# mypy checks while the first tests start their services; its verdict counts all the same.
+mypy_out=$(mktemp)
+mypy >"$mypy_out" 2>&1 &
+mypy_job=$!
 # Most integration tests wait on drivers, outages and polls rather than on the CPU: three
 # workers (pytest-xdist) fill two cores. One test at a time per worker, in the order conftest
 # gives (the longest first). KAPPA_TEST_WORKERS=0 runs in this process.
-pytest -n "${KAPPA_TEST_WORKERS:-3}" --dist load --maxschedchunk 1 "$@"
+tests=0
+pytest -n "${KAPPA_TEST_WORKERS:-3}" --dist load --maxschedchunk 1 "$@" || tests=$?
+typed=0
+wait "$mypy_job" || typed=$?
+cat "$mypy_out"
+rm -f "$mypy_out"
+if [ "$typed" -ne 0 ]; then
+  echo "mypy failed (above)" >&2
+fi
+exit $((tests != 0 ? tests : typed))

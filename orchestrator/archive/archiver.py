@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -37,6 +38,7 @@ from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import log_identity, topic_names
+from orchestrator.kafka.clients import LogClients
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka.reader import read_range
 from orchestrator.kafka.timestamps import record_timestamps
@@ -59,8 +61,10 @@ def archive_root(settings: Settings) -> str:
 
 
 class Archiver:
-    def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka):
+    def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka,
+                 log_clients: LogClients | None = None):
         self.settings, self.conn, self.kafka = settings, conn, kafka
+        self.log_clients = log_clients  # kept across passes: a warm probe lists no offsets
         self.schema = settings.catalog_schema
         self.store = ParquetStore(archive_root(settings))
         self.group_id = f"kappa-archive-{uuid.uuid4().hex[:12]}"
@@ -80,7 +84,8 @@ class Archiver:
                 raise ArchiveError(f"topic {topic} does not exist on {self.kafka}: create it, or "
                                    "leave it out of `kappa archive run`")
         present = [t for t in topics if identity.topics.get(t) is not None]
-        bounds = log_bounds(self.kafka, present) if present else {}
+        bounds = ({} if not present else self.log_clients.bounds(present) if self.log_clients
+                  else log_bounds(self.kafka, present))
         written: list[Segment] = []
         for topic in present:
             topic_id = identity.topics[topic]
@@ -259,27 +264,29 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
     from orchestrator.spark.failures import is_outage
 
     written = 0
-    while True:
-        stopping = stop()
-        try:
-            with conn_factory() as conn:
-                topics = topics_to_archive(conn, settings, named,
-                                           kafka if all_topics else None)
-                if once and not topics:
-                    raise ArchiveError("no deployed job reads a topic yet: name the topics "
-                                       "(`kappa archive run TOPIC ...`) or deploy a job first")
-                written += len(Archiver(settings, conn, kafka).archive(
-                    topics, on_segment, skip_missing=not named))
-        except Exception as exc:
-            if once or not is_outage(exc):
-                raise
-            log.warning("archive pass stopped by an unreachable service (%s); trying again "
-                        "in %gs", exc, interval_s)
-        if once or stopping:
-            return written
-        deadline = time.monotonic() + interval_s
-        while time.monotonic() < deadline and not stop():
-            time.sleep(min(0.2, interval_s))
+    with closing(LogClients(kafka)) as clients:
+        while True:
+            stopping = stop()
+            try:
+                with conn_factory() as conn:
+                    topics = topics_to_archive(conn, settings, named,
+                                               kafka if all_topics else None)
+                    if once and not topics:
+                        raise ArchiveError(
+                            "no deployed job reads a topic yet: name the topics "
+                            "(`kappa archive run TOPIC ...`) or deploy a job first")
+                    written += len(Archiver(settings, conn, kafka, clients).archive(
+                        topics, on_segment, skip_missing=not named))
+            except Exception as exc:
+                if once or not is_outage(exc):
+                    raise
+                log.warning("archive pass stopped by an unreachable service (%s); trying again "
+                            "in %gs", exc, interval_s)
+            if once or stopping:
+                return written
+            deadline = time.monotonic() + interval_s
+            while time.monotonic() < deadline and not stop():
+                time.sleep(min(0.2, interval_s))
 
 
 @dataclass(frozen=True)

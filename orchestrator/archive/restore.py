@@ -36,9 +36,15 @@ from orchestrator.kafka.admin import delete_topic, ensure_topic, log_identity
 from orchestrator.kafka.exact_producer import ExactProducer
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka_endpoint import Kafka
-from orchestrator.log_identity import LogIdentity, lost_records_reason
+from orchestrator.log_identity import (
+    LogIdentity,
+    is_log_gone,
+    lost_records_reason,
+    read_lost_records,
+)
 from orchestrator.models import DeployedVersion
 from orchestrator.settings import Settings
+from orchestrator.spark.checkpoint import Checkpoint, is_local
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.archive")
@@ -74,6 +80,9 @@ class RestoreReport:
     restored: tuple[RestoredTopic, ...] = ()
     kept: tuple[str, ...] = ()  # topics the broker still holds: nothing to restore
     failed_versions: tuple[str, ...] = ()  # "job/version: why", for versions that read a loss
+    # (job, version) of versions that read a restored topic and were running, or failed only
+    # because the broker's log was gone: they go on from their offsets, restarted.
+    continuing: tuple[tuple[str, str], ...] = ()
 
     @property
     def lost(self) -> tuple[LostRange, ...]:
@@ -114,10 +123,30 @@ class Restorer:
             done = self._topic(identity.cluster_id, topic, latest.root, latest.partitions)
             restored.append(done)
             failed += self._fail_readers_of_losses(done)
-        return RestoreReport(tuple(restored), tuple(kept), tuple(failed))
+        return RestoreReport(tuple(restored), tuple(kept), tuple(failed),
+                             self._continuing(restored))
+
+    def _continuing(self, restored: Sequence[RestoredTopic]) -> tuple[tuple[str, str], ...]:
+        readers = {(v.job, v.version): v for t in restored for v in self._readers(t.topic,
+                                                                                t.topic_id)}
+        going_on = []
+        with self.conn.transaction():
+            for key, version in sorted(readers.items()):
+                run = runs.get(self.conn, self.schema, version.id)
+                if run.state.is_active or (run.state == RunState.FAILED and is_log_gone(
+                        run.reason) and not read_lost_records(run.reason)):
+                    going_on.append(key)
+        return tuple(going_on)
 
     def _topic(self, cluster_id: str, topic: str, root: Lineage, partitions: int
                ) -> RestoredTopic:
+        # Every segment is checked before the topic exists, so a damaged one stops the restore
+        # with nothing of the topic on the broker; each is checked again as it is produced.
+        with self.conn.transaction():
+            planned = [s for p in range(partitions)
+                       for s in manifest.segments(self.conn, self.schema, root, p)]
+        for segment in planned:
+            self._checked(segment)
         ensure_topic(self.kafka, topic, partitions)
         topic_id = log_identity(self.kafka, [topic]).topics.get(topic)
         if topic_id is None:
@@ -143,7 +172,7 @@ class Restorer:
             known_ends = manifest.log_ends(self.conn, self.schema, root)
             for version in self._readers(topic, topic_id):
                 read = runs.processed_offsets(self.conn, self.schema, version.id).get(topic, {})
-                for p, n in read.items():
+                for p, n in [*read.items(), *_planned_ends(version, topic).items()]:
                     known_ends[int(p)] = max(known_ends.get(int(p), 0), n)
             lost = tuple(LostRange(topic, p, ends.get(p, 0), known)
                          for p, known in sorted(known_ends.items()) if known > ends.get(p, 0))
@@ -237,3 +266,12 @@ class Restorer:
                                       reason=reason)
                 failed.append(f"{version.job}/{version.version}: {reason}")
         return failed
+
+
+def _planned_ends(version: DeployedVersion, topic: str) -> dict[str, int]:
+    """Where a version's unfinished batch was planned to end: offsets its source saw in the
+    log, though no batch applied them yet (a local checkpoint; a remote one needs Spark)."""
+    if not is_local(version.checkpoint_dir):
+        return {}
+    plan = Checkpoint(version.checkpoint_dir).unfinished_plan()
+    return {} if plan is None else plan[1].get(topic, {})

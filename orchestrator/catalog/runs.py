@@ -11,6 +11,7 @@ from psycopg import sql
 from orchestrator.catalog import events
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import NotFoundError
+from orchestrator.failpoints import fail_point
 from orchestrator.models import DeployedVersion, RunRecord
 from orchestrator.states import RunState, transition
 
@@ -81,6 +82,20 @@ def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion
         detail["attempt"] = changes["attempt"]
     events.record(conn, schema, "state", job=version.job, version=version.version, **detail)
     return _from_row(row)
+
+
+def change_states(conn: psycopg.Connection, schema: str, version: DeployedVersion,
+                  targets: tuple[RunState, ...], **kwargs: Any) -> RunRecord | None:
+    """:func:`change_state` to each of ``targets`` in turn, in the caller's transaction (no
+    reader sees a state between); None as soon as one gives None."""
+    done = None
+    for target in targets:
+        if done is not None:
+            fail_point("driver.going_live")
+        done = change_state(conn, schema, version, target, **kwargs)
+        if done is None:
+            break
+    return done
 
 
 def heartbeat(conn: psycopg.Connection, schema: str, version_id: int, attempt: int,

@@ -97,6 +97,8 @@ def print_restore(report: Any, *, quiet_if_nothing: bool = False) -> None:
               "archived")
     for failed in report.failed_versions:
         print(f"failed {failed}")
+    for job, version in report.continuing:
+        print(f"{job} {version} goes on from its offsets on the restored log (restarted)")
     if not report.restored and not report.kept and not quiet_if_nothing:
         print("nothing archived yet: nothing to restore")
 
@@ -109,7 +111,8 @@ def restore_json(report: Any) -> dict[str, Any]:
             "kept": list(report.kept),
             "lost": [{"topic": r.topic, "partition": r.partition, "first_offset": r.first_offset,
                       "end_offset": r.end_offset} for r in report.lost],
-            "failed_versions": list(report.failed_versions)}
+            "failed_versions": list(report.failed_versions),
+            "continuing": [f"{job}/{version}" for job, version in report.continuing]}
 
 
 def _row_json(r: Any) -> dict[str, Any]:

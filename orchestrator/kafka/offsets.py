@@ -57,12 +57,18 @@ def _probe_config(bootstrap: Kafka) -> dict[str, Any]:
         "allow.auto.create.topics": False,
         "isolation.level": "read_committed",
         "auto.offset.reset": "error",
-        # One small Fetch per partition is all we need; no prefetching beyond one record.
-        "fetch.max.bytes": 65536,
-        "message.max.bytes": 65536,
-        "max.partition.fetch.bytes": 65536,
+        # Reads from a lower bound of the end: on Tansu every Fetch below the end lists all the
+        # partition's batches, so few and large ones. No prefetching beyond one record.
+        "fetch.max.bytes": 1_048_576,
+        "message.max.bytes": 1_048_576,
+        "max.partition.fetch.bytes": 1_048_576,
         "queued.min.messages": 1,
         "fetch.wait.max.ms": 5,  # an at-end Fetch waits this long for data (0 hangs Tansu)
+        # Tansu answers a Fetch after one pass over its store when the wait is this short: one
+        # batch per partition, 600 records/s from a log written at a steady rate, which a probe
+        # reading from a lower bound while a producer writes never catches up with. Asking for
+        # a full answer makes it read on (166,000 records/s); at the end it answers at once.
+        "fetch.min.bytes": 1_048_576,
         "fetch.error.backoff.ms": 10,
         # Default 1000: with queued.min.messages=1 a re-assigned partition would wait 1 s.
         "fetch.queue.backoff.ms": 1,
@@ -86,6 +92,9 @@ class LogEndProbe:
         # confluent-kafka 2.16), while consumers' ListOffsets have been steady.
         self._uncommitted: Consumer | None = None
         self._last_end: dict[tuple[str, int], int] = {}  # a lower bound of the end, next call
+        self._starts: dict[tuple[str, int], int] = {}
+        self._starts_at = float("-inf")  # monotonic time of the last ListOffsets round
+        self._rung_wait_s = _RUNG_WAIT_S
 
     def __enter__(self) -> Self:
         return self
@@ -164,15 +173,48 @@ class LogEndProbe:
 
     def bounds(self, topics: Sequence[str]) -> Bounds:
         """{(topic, partition): (log start, last stable offset)} for every partition of
-        ``topics``."""
+        ``topics``; ServiceUnavailableError where no read reached the end within the timeout
+        (the end is then unknown, never a lower bound of it)."""
         if isinstance(topics, str):
             raise KappaError(f"bounds() takes a list of topic names, not the string {topics!r}")
         tps = [(t, p) for t in dict.fromkeys(topics) for p in self.partitions(t)]
         if not tps:
             return {}
+        fresh = time.monotonic() - self._starts_at < _STARTS_KEPT_S
+        if fresh and all(tp in self._last_end and tp in self._starts for tp in tps):
+            found = self._ends_from_last(tps)
+            if found is not None:
+                return found
+        return self._listed_bounds(tps)
+
+    def _ends_from_last(self, tps: list[tuple[str, int]]) -> Bounds | None:
+        """The ends fetched from the last ends found, with no ListOffsets: on Tansu each
+        ListOffsets lists every batch of the partition, and a Fetch at the end lists none.
+        None when a partition does not answer (a transaction opened, a recreated topic)."""
+        try:
+            ends, read_to = self._fetch_ends({tp: self._last_end[tp] for tp in tps},
+                                             self._rung_wait_s, final=False)
+        except KappaError:  # e.g. the last end is beyond a recreated topic's end
+            self._last_end.clear()
+            return None
+        if len(ends) < len(tps):
+            # Where records came, the listed rounds read on from where this read got.
+            self._last_end.update(read_to)
+            return None
+        self._last_end.update(ends)
+        return {tp: (self._starts[tp], max(ends[tp], self._starts[tp])) for tp in tps}
+
+    def _listed_bounds(self, tps: list[tuple[str, int]]) -> Bounds:
+        began = time.monotonic()
         starts = self._list_offsets(tps, OFFSET_BEGINNING)
         committed = self._list_offsets(tps, OFFSET_END)  # the LSO on Kafka, 0 on Tansu
         uncommitted = self._list_offsets(tps, OFFSET_END, committed=False)  # Tansu's bound
+        # A broker slow to list (Tansu, with many batches per partition) is as slow to answer a
+        # Fetch below the end: a rung gets as long to answer before the next, lower one (down to
+        # the log start, a whole partition's read) is tried.
+        self._rung_wait_s = max(_RUNG_WAIT_S, 4 * (time.monotonic() - began) / 3)
+        self._starts.update(starts)
+        self._starts_at = began
         ladders = {tp: candidate_ladder(starts[tp], committed[tp], uncommitted[tp],
                                         self._last_end.get(tp)) for tp in tps}
         # A Fetch response's end offset as the client keeps it is the high watermark, not the
@@ -181,14 +223,17 @@ class LogEndProbe:
         # and on Tansu's durable storage, which answers 1 to both).
         told = {tp for tp in tps if committed[tp] == uncommitted[tp]}
         ends: dict[tuple[str, int], int] = {}
-        rung = 0
         while len(ends) < len(tps):
-            pending = {tp: ladder[min(rung, len(ladder) - 1)] for tp, ladder in ladders.items()
-                       if tp not in ends}
-            last = all(rung >= len(ladders[tp]) - 1 for tp in pending)
-            ends.update(self._fetch_ends(pending, self.timeout_s if last else _RUNG_WAIT_S,
-                                         final=last, told=told))
-            rung += 1
+            pending = {tp: ladders[tp][0] for tp in tps if tp not in ends}
+            last = all(len(ladders[tp]) == 1 for tp in pending)
+            found, read_to = self._fetch_ends(
+                pending, self.timeout_s if last else self._rung_wait_s, final=last, told=told)
+            ends.update(found)
+            for tp in pending.keys() - ends.keys():
+                # A partition that gave records was fetched below its end: it reads on from
+                # where it got (its only rung now) rather than from a lower rung, which would
+                # read those records again and stop short of the end a second time.
+                ladders[tp] = [read_to[tp]] if tp in read_to else ladders[tp][1:] or ladders[tp]
         for tp in tps:
             self._last_end[tp] = ends[tp]
         return {tp: (starts[tp], max(ends[tp], starts[tp])) for tp in tps}
@@ -214,14 +259,34 @@ class LogEndProbe:
                 paused.append(TopicPartition(*key))
                 consumer.pause(paused[-1:])
 
+    @staticmethod
+    def _ends_reached(consumer: Consumer, reached: dict[tuple[str, int], int],
+                      ends: dict[tuple[str, int], int], paused: list[TopicPartition]) -> None:
+        """Ends reached by reading: the records of a Fetch response ran up to the watermark it
+        told. While a producer writes, the end moves on before the next Fetch, whose answer
+        then holds records again: the partition-EOF event (a Fetch answered at the end) may
+        never come on a broker slower to answer than the producer's batches are apart (Tansu
+        with many batches). A read_committed reader gets no record past the LSO, so a position
+        at the watermark is the LSO too."""
+        for key, position in reached.items():
+            if key in ends:
+                continue
+            _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            if position == high:
+                ends[key] = position
+                paused.append(TopicPartition(*key))
+                consumer.pause(paused[-1:])
+
     def _fetch_ends(
         self, candidates: dict[tuple[str, int], int], wait_s: float, *, final: bool,
         told: set[tuple[str, int]] | None = None,
-    ) -> dict[tuple[str, int], int]:
-        """Fetch each partition from its candidate until the Fetch reports its end (the LSO).
+    ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+        """Fetch each partition from its candidate until the Fetch reports its end (the LSO):
+        the ends found, and where the read of the others got (the offset after their last
+        record read, a lower bound of the end).
 
-        Partitions with no answer within ``wait_s`` (a candidate above the LSO) are left out,
-        unless ``final``: then the silence is an error."""
+        Partitions with no end within ``wait_s`` are left out (a candidate above the LSO gets
+        no answer), unless ``final``: then the silence is an error."""
         consumer = self._client()
         doing = "fetching the log ends"
         ends: dict[tuple[str, int], int] = {}
@@ -233,19 +298,23 @@ class LogEndProbe:
             assigned_at = time.monotonic()
             baseline = {key: consumer.get_watermark_offsets(TopicPartition(*key), cached=True)[1]
                         for key in candidates if key in (told or ())}
+            reached: dict[tuple[str, int], int] = {}  # the offset after the last record read
             try:
                 while len(ends) < len(candidates):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         if not final:
                             break
+                        # Where the read got is a lower bound of the end, not the end: a lag
+                        # measured against it would be too small. The end is unknown.
                         missing = sorted(set(candidates) - set(ends))
                         if last_error is not None:
                             raise translate(last_error, doing, self.bootstrap)
                         raise ServiceUnavailableError(
-                            f"the Kafka broker at {self.bootstrap} sent no Fetch answer for "
-                            f"{missing} within {wait_s:g} s: check that it is running "
-                            "(`kappa dev up`) and its log, then retry"
+                            f"the Kafka broker at {self.bootstrap} sent no Fetch answer "
+                            f"{'that reached the end ' if reached else ''}for {missing} within "
+                            f"{wait_s:g} s: check that it is running (`kappa dev up`) and "
+                            "its log, then retry"
                         )
                     # consume() waits for a full batch or its timeout; poll() returns at once.
                     msgs = consumer.consume(1000, timeout=0)
@@ -256,8 +325,10 @@ class LogEndProbe:
                                     time.monotonic() - assigned_at >= _TOLD_SETTLE_S)
                     for msg in msgs:
                         err = msg.error()
-                        if err is None:
-                            continue  # a record below the end: its Fetch told the end too
+                        if err is None:  # a record below the end: its Fetch told the end too
+                            reached[(msg.topic() or "", msg.partition() or 0)] = \
+                                (msg.offset() or 0) + 1
+                            continue
                         if err.code() != KafkaError._PARTITION_EOF:
                             if err.code() in _TRANSIENT:
                                 last_error = err
@@ -271,15 +342,20 @@ class LogEndProbe:
                             # No later Fetch may move its kept watermark past this end.
                             paused.append(TopicPartition(*key))
                             consumer.pause(paused[-1:])
+                    self._ends_reached(consumer, reached, ends, paused)
             finally:
                 if paused:  # a pause outlives the assignment: the next call would hang
                     consumer.resume(paused)
                 consumer.unassign()
-        return ends
+        return ends, {k: r for k, r in reached.items() if k not in ends}
 
 
-# How long a candidate above the end may stay unanswered before the next lower one is tried.
+# How long a candidate above the end may stay unanswered before the next lower one is tried,
+# at least.
 _RUNG_WAIT_S = 0.5
+# How long a kept probe trusts the log starts it listed: a start moves only by retention or
+# deletion, and a read below it fails as a gap whatever the probe says.
+_STARTS_KEPT_S = 10.0
 # After this long, Fetch answers of an assignment have come in (polled every 10 ms).
 _TOLD_SETTLE_S = 0.3
 
@@ -291,7 +367,16 @@ def candidate_ladder(start: int, committed: int, uncommitted: int, last_end: int
     rungs = sorted({max(start, committed, uncommitted, last_end or 0),
                     max(start, committed, last_end or 0), max(start, last_end or 0), start},
                    reverse=True)
+    if len(rungs) > 1 and rungs[-2] - start > _START_SCAN_LIMIT:
+        # Reading a long log from its start to find its end takes longer than any wait, and on
+        # Tansu (every Fetch lists the partition's batches) loads the broker until every other
+        # probe falls to this rung too. The lowest rung above it waits the whole timeout.
+        rungs.pop()
     return rungs
+
+
+# The longest read from the log start a probe makes to find the end (records).
+_START_SCAN_LIMIT = 10_000
 
 
 def log_bounds(

@@ -27,7 +27,10 @@ def producer_config(bootstrap: Kafka, timeout_s: float) -> dict[str, Any]:
     return {
         **base_config(bootstrap),
         "compression.type": "lz4",
-        "linger.ms": 20,
+        # A batch per partition at most every 250 ms: the embedded broker (Tansu) stores each
+        # produced batch as an object and lists a partition's objects at every Fetch, so its
+        # reads slow down with their number (README: the embedded stack). flush() sends at once.
+        "linger.ms": 250,
         "batch.num.messages": 10_000,
         "queue.buffering.max.messages": 1_000_000,
         "queue.buffering.max.kbytes": 1_048_576,

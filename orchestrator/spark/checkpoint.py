@@ -92,6 +92,36 @@ class Checkpoint:
         return bool(self._fs.exists(path)) and any(
             status.getPath().getName().isdigit() for status in self._fs.listStatus(path))
 
+    def _batch_ids(self, folder: str) -> list[int]:
+        if self._fs is None:
+            path = local_path(self.location) / folder
+            names = [p.name for p in path.iterdir()] if path.is_dir() else []
+        else:
+            path = self._jvm.org.apache.hadoop.fs.Path(f"{self.location}/{folder}")
+            names = ([str(st.getPath().getName()) for st in self._fs.listStatus(path)]
+                     if self._fs.exists(path) else [])
+        return sorted(int(name) for name in names if name.isdigit())
+
+    def unfinished_plan(self) -> tuple[int, Offsets] | None:
+        """The batch Spark planned (its offsets are logged) and did not finish (no commit):
+        its id and end offsets."""
+        planned, finished = self._batch_ids("offsets"), self._batch_ids("commits")
+        if not planned or (finished and planned[-1] <= finished[-1]):
+            return None
+        ends = self.batch_end_offsets(planned[-1])
+        return None if ends is None else (planned[-1], ends)
+
+    def forget_batch(self, batch_id: int) -> None:
+        """Remove an unfinished batch's plan: Spark plans that batch again, from where the
+        last finished one ended, as when it first got there."""
+        if self._fs is None:
+            offsets = local_path(self.location) / "offsets"
+            for name in (str(batch_id), f".{batch_id}.crc"):
+                (offsets / name).unlink(missing_ok=True)
+            return
+        self._fs.delete(self._jvm.org.apache.hadoop.fs.Path(
+            f"{self.location}/offsets/{batch_id}"), False)
+
     def batch_end_offsets(self, batch_id: int) -> Offsets | None:
         text = self._read(f"offsets/{batch_id}")
         return None if text is None else _offsets(text)

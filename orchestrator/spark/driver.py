@@ -24,7 +24,7 @@ from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.catalog.output import create_stage, upgrade_dead_letters
 from orchestrator.errors import JobFileError, KappaError
 from orchestrator.failpoints import fail_point
-from orchestrator.kafka.offsets import log_bounds
+from orchestrator.kafka.clients import LogClients
 from orchestrator.lag import lag_against
 from orchestrator.logfile import RotatingLog
 from orchestrator.models import KAFKA_COLUMNS, Offsets
@@ -67,17 +67,19 @@ class Driver:
         self.conn = connect_catalog(self.dsn)
         self.caught_up_recorded = False  # whether caught_up was recorded
         self.cores = 1  # known once the session is up
+        self.log_clients = LogClients(self.kafka)  # kept: a lag check every 2 s, cheap warm
         deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
         self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
 
-    def set_state(self, target: RunState, reason: str | None = None, **changes: Any) -> None:
+    def set_state(self, *targets: RunState, reason: str | None = None, **changes: Any) -> None:
+        """Record each of ``targets`` in turn in one transaction: no reader sees one between."""
         def change() -> object:
             with self.conn.transaction():
-                return runs.change_state(self.conn, self.settings.catalog_schema, self.version,
-                                         target, reason=reason, expect_attempt=self.attempt,
-                                         **changes)
+                return runs.change_states(self.conn, self.settings.catalog_schema, self.version,
+                                          targets, reason=reason, expect_attempt=self.attempt,
+                                          **changes)
 
-        if self._wait_out_outages(change, f"record {target.value}") is None:
+        if self._wait_out_outages(change, f"record {targets[-1].value}") is None:
             raise StaleDriverError(f"attempt {self.attempt} was replaced; exiting")
 
     def run(self) -> None:
@@ -138,8 +140,7 @@ class Driver:
     def _caught_up(self, behind: int) -> None:
         log.info("caught up: %d records behind the log end (at most %d)", behind,
                  self.settings.max_lag_records)
-        self.set_state(RunState.CAUGHT_UP)
-        self.set_state(RunState.LIVE)
+        self.set_state(RunState.CAUGHT_UP, RunState.LIVE)
         self.caught_up_recorded = True
 
     def _check_caught_up(self) -> None:
@@ -342,7 +343,7 @@ class Driver:
 
         processed = (self._wait_out_outages(processed_offsets, "read the processed offsets")
                      if wait_for_catalog else processed_offsets())
-        return lag_against(processed, log_bounds(self.kafka, list(self.version.spec.topics)))
+        return lag_against(processed, self.log_clients.bounds(list(self.version.spec.topics)))
 
 
 def _unchanged(df: Any) -> Any:

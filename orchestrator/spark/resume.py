@@ -10,7 +10,7 @@ import psycopg
 from orchestrator.catalog import runs
 from orchestrator.catalog.batches import next_batch_id
 from orchestrator.kafka.admin import log_identity
-from orchestrator.kafka.offsets import log_bounds
+from orchestrator.kafka.offsets import Bounds, log_bounds
 from orchestrator.kafka_endpoint import Kafka
 from orchestrator.lag import log_changed_reason, log_mismatches
 from orchestrator.log_identity import log_gone_reason, replaced
@@ -60,4 +60,24 @@ def resume_point(conn: psycopg.Connection, schema: str, version: DeployedVersion
     mismatches = log_mismatches(processed or start, bounds)
     if mismatches:
         raise JobError(log_changed_reason(mismatches, v.job, v.version))
+    _forget_a_plan_past_the_log_end(checkpoint, bounds)
     return start
+
+
+def _forget_a_plan_past_the_log_end(checkpoint: Checkpoint, bounds: Bounds) -> None:
+    """A batch planned up to an end that the log no longer reaches (a broker that died with
+    records the archive did not hold yet, restored shorter) would wait for ever for offsets
+    that may never be written. Nothing of it was applied (the catalog's offsets are within the
+    log), so its plan goes, and Spark plans it again up to the log's end."""
+    plan = checkpoint.unfinished_plan()
+    if plan is None:
+        return
+    unfinished, planned = plan
+    past = {f"{topic}/{p}": (end, bounds[(topic, int(p))][1])
+            for topic, ends in planned.items() for p, end in ends.items()
+            if (topic, int(p)) in bounds and end > bounds[(topic, int(p))][1]}
+    if past:
+        log.warning("batch %d was planned past the log end (%s: planned end, log end); it is "
+                    "planned again from where the batch before it ended", unfinished,
+                    ", ".join(f"{tp} {a}>{b}" for tp, (a, b) in sorted(past.items())))
+        checkpoint.forget_batch(unfinished)

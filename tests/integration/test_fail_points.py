@@ -129,12 +129,17 @@ def test_caught_up_is_measured_on_a_timer_once_the_log_goes_quiet(
         settings, topic, tmp_path: Path, monkeypatch) -> None:
     """The lag measured when the catch-up ends is unknown (the broker did not answer, here a
     fail point), so the version goes live before it can say it caught up. No record arrives
-    after that: no commit comes to trigger a check, and only a timer can record caught_up."""
+    after that: no commit comes to trigger a check, and only a timer can record caught_up.
+
+    Caught up and live are recorded at once: no reader sees a version that caught up but is
+    not live (``wait`` returned one in CI when its poll fell between two transactions; the
+    second fail point holds that moment open)."""
     from orchestrator.service import Orchestrator
 
     service = Orchestrator(settings)
     service.produce_sample(topic, 3_000, seed=84)
-    monkeypatch.setenv("KAPPA_FAIL_POINTS", "driver.measure_lag=1*raise")
+    monkeypatch.setenv("KAPPA_FAIL_POINTS",
+                       "driver.measure_lag=1*raise;driver.going_live=1*sleep(3000)")
     try:
         service.deploy(job_file(tmp_path, "v1", topic))
         monkeypatch.delenv("KAPPA_FAIL_POINTS")

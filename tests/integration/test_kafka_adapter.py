@@ -233,6 +233,39 @@ def test_log_end_probe_follows_new_records(bootstrap: str) -> None:
         assert probe.bounds([topic]) == {k: v for k, v in bounds.items() if k[0] == topic}
 
 
+def test_a_warm_probe_lists_no_offsets_until_the_log_changes_under_it(
+        bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Tansu a ListOffsets lists every batch of the partition: a kept probe (a stream
+    source's, the archiver's) fetches from the ends it found last instead, and lists again only
+    when that fails (here: a recreated, shorter topic) or its log starts are old."""
+    from orchestrator.kafka.admin import delete_topic
+
+    topic = _topic()
+    ensure_topic(bootstrap, topic, 2)
+    produce(bootstrap, topic, sample_events(500, seed=3))
+    with LogEndProbe(bootstrap) as probe:
+        first = probe.bounds([topic])
+        listed: list[int] = []
+        real = probe._list_offsets
+        monkeypatch.setattr(probe, "_list_offsets",
+                            lambda *a, **k: listed.append(1) or real(*a, **k))
+        for round_ in range(3):
+            produce(bootstrap, topic, sample_events(100 + round_, seed=round_))
+            assert probe.bounds([topic]) == log_bounds(bootstrap, [topic])
+        assert probe.bounds([topic]) == log_bounds(bootstrap, [topic]) != first
+        assert listed == []
+        delete_topic(bootstrap, topic)
+        ensure_topic(bootstrap, topic, 2)
+        produce(bootstrap, topic, sample_events(7, seed=4))
+        assert probe.bounds([topic]) == log_bounds(bootstrap, [topic])
+        assert sum(end for _, end in probe.bounds([topic]).values()) == 7
+        assert listed, "the recreated topic's ends were not listed"
+        listed.clear()
+        probe._starts_at -= 3600  # starts listed an hour ago
+        probe.bounds([topic])
+        assert listed
+
+
 # --- reading -----------------------------------------------------------------------------------
 
 

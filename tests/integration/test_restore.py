@@ -134,7 +134,8 @@ def test_a_damaged_segment_is_never_restored(settings, topic: str) -> None:
     code, _, err = _restore(settings, topic)
     assert code != 0
     [line] = err.strip().splitlines()
-    assert str(path) in line and "differs from its manifest checksum" in line
-    assert "kappa dev up" in line
+    print(line)  # pytest shortens a failed assertion's operands; the whole line is shown here
+    assert str(path) in line, f"{path} not named"
+    assert "differs from its manifest checksum" in line and "kappa dev up" in line
     # Nothing of the topic is left on the broker to pass for the log.
     assert topic in log_identity(settings.kafka, [topic]).missing

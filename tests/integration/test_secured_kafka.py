@@ -94,35 +94,40 @@ def _cli(settings, *args: str) -> str:
 def test_a_sasl_run_is_exact_and_the_password_appears_nowhere(
     settings, topic, tmp_path: Path, sasl: SaslBroker
 ) -> None:
+    from orchestrator.service import Orchestrator
+
     secured = _over_sasl(settings, sasl)
     seen: list[str] = []  # everything the run printed, served or launched
     seen.append(_cli(secured, "produce-sample", "--topic", topic, "--count", "20000"))
-    with agent(secured, tmp_path) as target:
-        seen.append(_cli(secured, "deploy", str(job_file(tmp_path, "v1", topic))))
+    try:
+        with agent(secured, tmp_path) as target:
+            seen.append(_cli(secured, "deploy", str(job_file(tmp_path, "v1", topic))))
 
-        def command_lines() -> bool:
-            for proc in psutil.process_iter(["cmdline"]):
-                seen.append(" ".join(proc.info["cmdline"] or []))
-            status = json.loads(_cli(secured, "status", "--json"))
-            return bool(status) and status[0]["state"] == "live"
+            def command_lines() -> bool:
+                for proc in psutil.process_iter(["cmdline"]):
+                    seen.append(" ".join(proc.info["cmdline"] or []))
+                status = json.loads(_cli(secured, "status", "--json"))
+                return bool(status) and status[0]["state"] == "live"
 
-        wait_until(command_lines, 240, "v1 to catch up over SASL", poll_s=1.0)
-        seen.append(_cli(secured, "status", "--json"))
-        seen.append(_cli(secured, "lag", "--json"))
-        seen.append(_cli(secured, "events", "--json"))
+            wait_until(command_lines, 240, "v1 to catch up over SASL", poll_s=1.0)
+            seen.append(_cli(secured, "status", "--json"))
+            seen.append(_cli(secured, "lag", "--json"))
+            seen.append(_cli(secured, "events", "--json"))
 
-        def sampled() -> str | None:
-            page = scrape(target)
-            return page if "kappa_lag_records{" in page else None
+            def sampled() -> str | None:
+                page = scrape(target)
+                return page if "kappa_lag_records{" in page else None
 
-        seen.append(str(wait_until(sampled, 30, "the exporter to sample v1")))
-    seen.append((tmp_path / "agent.out").read_text())
-    for path in Path(secured.state_dir).rglob("*"):
-        if path.is_file():
-            seen.append(path.read_bytes().decode("utf-8", "replace"))
-    for table in ("events", "job_versions", "runs"):
-        seen.extend(str(row) for row in query(
-            settings, f"SELECT t::text FROM {settings.catalog_schema}.{table} t"))
+            seen.append(str(wait_until(sampled, 30, "the exporter to sample v1")))
+        seen.append((tmp_path / "agent.out").read_text())
+        for path in Path(secured.state_dir).rglob("*"):
+            if path.is_file():
+                seen.append(path.read_bytes().decode("utf-8", "replace"))
+        for table in ("events", "job_versions", "runs"):
+            seen.extend(str(row) for row in query(
+                settings, f"SELECT t::text FROM {settings.catalog_schema}.{table} t"))
+    finally:
+        stop_drivers(Orchestrator(secured))  # the CLI's deploy started it; the test ends it
 
     ref = compute(sasl.bootstrap, topic, sasl.client())
     assert ref.records == 20_000

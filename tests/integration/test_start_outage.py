@@ -1,6 +1,7 @@
 """A broker that is down while drivers start (a host's reboot where the broker comes up last):
 the drivers that `kappa restart` and the agent start wait for it, however long, and the
-versions resume by themselves when it is back. None is recorded failed."""
+versions resume by themselves when it is back. None is recorded failed. The agent's archiver
+waits too, and goes on with no hole or overlap in its segments."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from orchestrator.archive.segments import check_contiguous
+
 from conftest import job_file, wait_until
 from integration.helpers import output, own_stack
 from integration.observability import agent
+from integration.test_archive import _manifest
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -46,7 +50,8 @@ def test_drivers_started_while_the_broker_is_down_wait_for_it(tmp_path: Path) ->
         for version in ("v1", "v2"):
             service.wait(JOB, version, timeout_s=240)
         service.stop(JOB, "v1")
-        with agent(settings, tmp_path, "--interval", "1"):
+        # The agent's archiver as well: it waits the outage out and goes on where it was.
+        with agent(settings, tmp_path, "--interval", "1", archive=True):
             broker.suspend()
             began = time.monotonic()
             try:
@@ -80,3 +85,15 @@ def test_drivers_started_while_the_broker_is_down_wait_for_it(tmp_path: Path) ->
                                              ("v2", f"{JOB}__v2", ref.v2)):
                 assert service.wait(JOB, version, timeout_s=240).attempt == 2
                 assert output(settings, table) == expected
+            service.produce_sample(topic, 1_000, seed=96)
+            wait_until(lambda: all(r.current and r.behind == 0
+                                   for r in service.archive_status([topic])), 120,
+                       "the agent's archiver to go on after the outage")
+            said = (tmp_path / "agent.out").read_text()
+            assert "archive pass stopped by an unreachable service" in said, said[-2000:]
+            segments = _manifest(settings, topic)
+            for partition in range(4):
+                mine = [s for s in segments if s.partition == partition]
+                check_contiguous(mine)  # no hole, no overlap
+                assert mine[0].first_offset == 0
+            assert sum(s.records for s in segments) == 5_000
