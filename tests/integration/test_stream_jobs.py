@@ -132,7 +132,9 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
         for which in examples:
             small.stop(which, "small")
 
-        # Live: new page views, profile changes and a tombstone reach every output in 10 s.
+        # Live: new page views, profile changes and a tombstone reach every output. Alone they
+        # did in 0.01 s after the log was read back; CI's other two workers share the two cores
+        # with these four live drivers, and there the changes once took over 10 s.
         doomed = next(iter(_output(settings, "user_profiles", "v1")))
         big.produce_sample(topics["pageviews"], 500, seed=53, users=500)
         big.produce_sample(topics["profiles"], 300, seed=54, kind="profiles", users=500)
@@ -143,7 +145,7 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
                 "country_views": "v1"}
         expected = {w: _reference(log, w) for w in live}
         wait_until(lambda: all(_output(settings, w, v) == expected[w] for w, v in live.items()),
-                   10, "live changes in every output")
+                   45, "live changes in every output")
         assert doomed not in _output(settings, "user_profiles", "v1")
 
         # A restart resumes the state: it reads on from the processed offsets, not offset 0.
