@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 SHARED_STORAGE = os.environ.get("KAPPA_TEST_BROKER_STORAGE", "memory")
 # nodeid -> the broker storages the test used ("memory", "s3")
 _STORAGE_USED: dict[str, set[str]] = {}
+_SECONDS_PER_MODULE: dict[str, float] = {}  # setup, call and teardown, summed
 
 
 @pytest.fixture(scope="session")
@@ -193,6 +194,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::")[0]
+    _SECONDS_PER_MODULE[module] = _SECONDS_PER_MODULE.get(module, 0.0) + report.duration
     if report.when == "teardown":
         for name, value in report.user_properties:
             if name == "broker_storage":
@@ -200,9 +203,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    # CI's wall time is about the workers' summed time over their number (#19): where it goes.
+    terminalreporter.section("test seconds per module")  # type: ignore[attr-defined]
+    for module, seconds in sorted(_SECONDS_PER_MODULE.items(), key=lambda kv: -kv[1])[:25]:
+        write(f"{seconds:8.1f}  {module}")
+    write(f"{sum(_SECONDS_PER_MODULE.values()):8.1f}  in all")
     if not _STORAGE_USED:
         return
-    write = terminalreporter.write_line  # type: ignore[attr-defined]
     terminalreporter.section("broker storage per integration test")  # type: ignore[attr-defined]
     counts: dict[str, int] = {}
     for nodeid, used in sorted(_STORAGE_USED.items()):

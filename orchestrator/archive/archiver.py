@@ -19,6 +19,7 @@ from typing import cast
 
 import psycopg
 
+from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.segments import (
     ArchivedRecord,
@@ -62,9 +63,10 @@ def archive_root(settings: Settings) -> str:
 
 class Archiver:
     def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka,
-                 log_clients: LogClients | None = None):
+                 log_clients: LogClients | None = None, watch: LogEndWatch | None = None):
         self.settings, self.conn, self.kafka = settings, conn, kafka
         self.log_clients = log_clients  # kept across passes: a warm probe lists no offsets
+        self.watch = watch  # notes the log ends while this pass writes
         self.schema = settings.catalog_schema
         self.store = ParquetStore(archive_root(settings))
         self.group_id = f"kappa-archive-{uuid.uuid4().hex[:12]}"
@@ -86,24 +88,29 @@ class Archiver:
         present = [t for t in topics if identity.topics.get(t) is not None]
         bounds = ({} if not present else self.log_clients.bounds(present) if self.log_clients
                   else log_bounds(self.kafka, present))
-        written: list[Segment] = []
+        watched: dict[str, WatchedLog] = {}
         for topic in present:
             topic_id = identity.topics[topic]
             assert topic_id is not None
             seen = Lineage(identity.cluster_id, topic, topic_id)
-            ends = {p: b for (name, p), b in bounds.items() if name == topic}
+            ends = {p: end for (name, p), (_, end) in bounds.items() if name == topic}
             with self.conn.transaction():
                 known = manifest.root_of(self.conn, self.schema, seen, len(ends))
                 if not known.restoring:
-                    manifest.note_log_ends(self.conn, self.schema, known.root,
-                                           {p: end for p, (_, end) in ends.items()})
+                    manifest.note_log_ends(self.conn, self.schema, known.root, ends)
             if known.restoring:
                 log.info("%s: being restored from the archive; archived after the restore",
                          topic)
                 continue
-            for partition, (start, end) in sorted(ends.items()):
-                written += self._partition(known.root, seen, partition, start, end,
-                                           on_segment)
+            watched[topic] = WatchedLog(known.root, seen)
+        if self.watch is not None:
+            self.watch.watch(watched)
+        written: list[Segment] = []
+        for topic, logged in watched.items():
+            for (name, partition), (start, end) in sorted(bounds.items()):
+                if name == topic:
+                    written += self._partition(logged.root, logged.seen, partition, start, end,
+                                               on_segment)
         return written
 
     def _partition(self, lineage: Lineage, seen: Lineage, partition: int, log_start: int,
@@ -171,6 +178,7 @@ class Archiver:
         log's figures go on the rows of the lineage the broker holds now."""
         with self.conn.transaction():
             segments = manifest.segments(self.conn, self.schema)
+            noted = manifest.noted_log_ends(self.conn, self.schema)
         names = list(dict.fromkeys([*topics, *(s.lineage.topic for s in segments)]))
         try:
             identity = log_identity(self.kafka, names)
@@ -200,7 +208,8 @@ class Archiver:
                 archived_end=kept[-1].end_offset if kept else None,
                 segments=len(kept), records=sum(s.records for s in kept),
                 gaps=sum(len(s.gap_offsets) for s in kept), bytes=sum(s.bytes for s in kept),
-                log_start=start, log_end=end))
+                log_start=start, log_end=end,
+                noted_end=noted.get((topic, lineage_text or "", partition))))
         return self._with_lag_seconds(rows)
 
     def _with_lag_seconds(self, rows: list[PartitionArchive]) -> list[PartitionArchive]:
@@ -264,7 +273,8 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
     from orchestrator.spark.failures import is_outage
 
     written = 0
-    with closing(LogClients(kafka)) as clients:
+    with closing(LogClients(kafka)) as clients, \
+            LogEndWatch(kafka, conn_factory, settings.catalog_schema) as watch:
         while True:
             stopping = stop()
             try:
@@ -275,7 +285,7 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                         raise ArchiveError(
                             "no deployed job reads a topic yet: name the topics "
                             "(`kappa archive run TOPIC ...`) or deploy a job first")
-                    written += len(Archiver(settings, conn, kafka, clients).archive(
+                    written += len(Archiver(settings, conn, kafka, clients, watch).archive(
                         topics, on_segment, skip_missing=not named))
             except Exception as exc:
                 if once or not is_outage(exc):

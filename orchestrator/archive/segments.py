@@ -167,6 +167,9 @@ class PartitionArchive:
     log_start: int | None
     log_end: int | None
     lag_seconds: float | None = None  # age of the oldest record not archived yet; 0 if none
+    # The highest log end the archiver noted (None: none yet). A crash of a volatile broker
+    # reports the offsets from archived_end up to here as lost.
+    noted_end: int | None = None
 
     @property
     def behind(self) -> int | None:

@@ -177,3 +177,10 @@ def log_ends(conn: psycopg.Connection, schema: str, root: Lineage) -> dict[int, 
                 "topic_id = %s").format(qualified(schema, "archive_log_ends")),
         (root.cluster_id, root.topic, root.topic_id)).fetchall()
     return {int(p): int(e) for p, e in rows}
+
+
+def noted_log_ends(conn: psycopg.Connection, schema: str) -> dict[tuple[str, str, int], int]:
+    """{(topic, "<cluster id>-<topic id>" of the root lineage, partition): highest end noted}."""
+    rows = conn.execute(sql.SQL("SELECT topic, cluster_id || '-' || topic_id, partition, log_end "
+                                "FROM {}").format(qualified(schema, "archive_log_ends")))
+    return {(str(t), str(lineage), int(p)): int(e) for t, lineage, p, e in rows.fetchall()}

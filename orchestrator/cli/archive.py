@@ -120,7 +120,7 @@ def _row_json(r: Any) -> dict[str, Any]:
             "current": r.current, "archived_first": r.archived_first,
             "archived_end": r.archived_end, "log_start": r.log_start, "log_end": r.log_end,
             "behind": r.behind, "lag_seconds": r.lag_seconds, "segments": r.segments,
-            "records": r.records, "gaps": r.gaps, "bytes": r.bytes}
+            "records": r.records, "gaps": r.gaps, "bytes": r.bytes, "noted_end": r.noted_end}
 
 
 def _range(first: int | None, end: int | None) -> str:

@@ -184,6 +184,11 @@ def kafka_errors(doing: str, bootstrap: Kafka) -> Iterator[None]:
         raise translate(exc, doing, bootstrap) from exc
 
 
+def admin_client(bootstrap: Kafka) -> AdminClient:
+    """A client to keep, for callers that ask several times a second."""
+    return _admin(bootstrap)
+
+
 def _admin(bootstrap: Kafka) -> AdminClient:
     with kafka_errors("creating an admin client", bootstrap):
         return AdminClient(base_config(bootstrap))
@@ -287,11 +292,12 @@ def delete_topic(bootstrap: Kafka, topic: str, *, timeout_s: float = DEFAULT_TIM
 
 
 def log_identity(bootstrap: Kafka, topics: Sequence[str], *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> LogIdentity:
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 admin: AdminClient | None = None) -> LogIdentity:
     """The cluster id and the ids of ``topics`` (None for a topic the broker does not know), in
     two requests. ServiceUnavailableError when the broker cannot answer: only an answer is
-    evidence that a log is gone."""
-    admin = _admin(bootstrap)
+    evidence that a log is gone. ``admin``: a client kept by a caller that asks often."""
+    admin = admin or _admin(bootstrap)
     with kafka_errors("describing the cluster", bootstrap):
         cluster = admin.describe_cluster(request_timeout=timeout_s).result()
     ids: dict[str, str | None] = {}

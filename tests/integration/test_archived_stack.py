@@ -267,7 +267,51 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         else:
             _ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
             assert _exact(state), "v1's output after the broker's crash differs from the log's"
+        unreported = [(p, o) for p, o in missing
+                      if not lost.get(p, (0, 0))[0] <= o < lost.get(p, (0, 0))[1]]
         print(f"acknowledged {len(writer.acked)}, {len(missing)} lost past the archive, "
-              f"reported {lost}, v1 read past it: {sorted(past)}")
+              f"{len(unreported)} of them unreported, reported {lost}, v1 read past it: "
+              f"{sorted(past)}")
+    finally:
+        _tear_down(state)
+
+
+def test_what_the_broker_acknowledged_while_a_pass_hangs_is_reported_when_it_is_lost(
+        tmp_path: Path) -> None:
+    """A pass of the archiver hangs while it writes a segment (a slow archive_root); the broker
+    acknowledges more records meanwhile and then dies. Every one of them is reported by offset:
+    the archiver notes the log ends beside its passes, not only as a pass begins."""
+    state = Path(tempfile.mkdtemp(prefix="kappa-archived-"))
+
+    def rows() -> list[dict[str, Any]]:
+        return [r for r in json.loads(_ok(state, "archive", "status", TOPIC, "--json"))
+                if r["current"]]
+
+    def noted() -> list[dict[str, Any]] | None:
+        found = rows()
+        return found if found and all(r["noted_end"] == r["log_end"] for r in found) else None
+
+    try:
+        _ok(state, "dev", "up")
+        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "2000", "--seed", "171")
+        wait_until(lambda: _archived(state), 60, "the stack's archiver to reach the log end")
+        _kill(_pid(state, "archiver"))
+        started = _cli(state, "dev", "up", fail_points="archive.before_record=sleep(600000)")
+        assert started.returncode == 0, started.stderr
+        # A pass that notes these ends goes on to write their segment, and hangs there.
+        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "10", "--seed", "172")
+        wait_until(noted, 30, "the new archiver's pass to note the log ends")
+        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "1000", "--seed", "173")
+        found = wait_until(noted, 10, "the log ends to be noted while the pass hangs")
+        assert isinstance(found, list)
+        at_risk = {r["partition"]: (r["archived_end"], r["log_end"]) for r in found
+                   if r["log_end"] > r["archived_end"]}
+        assert sum(end - first for first, end in at_risk.values()) >= 1000, at_risk
+
+        _kill(_pid(state, "broker"))
+        _kill(_pid(state, "archiver"))
+        report = json.loads(_ok(state, "dev", "up", "--json"))["restore"]
+        lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in report["lost"]}
+        assert lost == at_risk
     finally:
         _tear_down(state)
