@@ -38,12 +38,12 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
             print_json([_row_json(r) for r in rows])
         else:
             print(table(["topic", "partition", "lineage", "archived", "log", "behind",
-                         "behind (s)", "segments", "records", "gaps", "bytes"],
+                         "behind (s)", "noted end", "segments", "records", "gaps", "bytes"],
                         [[r.topic, r.partition, _text(r.lineage, r.current),
                           _range(r.archived_first, r.archived_end),
                           _range(r.log_start, r.log_end), _unknown(r.behind),
                           "unknown" if r.lag_seconds is None else f"{r.lag_seconds:.1f}",
-                          r.segments,
+                          "-" if r.noted_end is None else f"{r.noted_end:,}", r.segments,
                           r.records, r.gaps, r.bytes] for r in rows])
                   if rows else "nothing archived yet: `kappa archive run`")
         return 0
