@@ -122,7 +122,7 @@ def check_access(kafka: Kafka, timeout_s: float = 5.0) -> None:
     ConfigError for a refused certificate or password, ServiceUnavailableError for silence."""
     endpoint = as_endpoint(kafka)
     _security_errors.pop(endpoint.bootstrap, None)
-    admin = _admin(endpoint)
+    admin = admin_client(endpoint)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -185,11 +185,7 @@ def kafka_errors(doing: str, bootstrap: Kafka) -> Iterator[None]:
 
 
 def admin_client(bootstrap: Kafka) -> AdminClient:
-    """A client to keep, for callers that ask several times a second."""
-    return _admin(bootstrap)
-
-
-def _admin(bootstrap: Kafka) -> AdminClient:
+    """A new client; callers that ask several times a second keep one."""
     with kafka_errors("creating an admin client", bootstrap):
         return AdminClient(base_config(bootstrap))
 
@@ -215,7 +211,7 @@ def topic_partitions(
     bootstrap: Kafka, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[int]:
     """Sorted partition ids of an existing topic; NotFoundError if there is no such topic."""
-    partitions = _describe(_admin(bootstrap), bootstrap, topic, timeout_s)
+    partitions = _describe(admin_client(bootstrap), bootstrap, topic, timeout_s)
     if not partitions:
         raise NotFoundError(
             f"topic {topic!r} does not exist on the Kafka broker at {bootstrap}: create it "
@@ -235,7 +231,7 @@ def ensure_topic(
     """
     if partitions < 1:
         raise KappaError(f"a topic needs at least one partition, not {partitions}: fix the call")
-    admin = _admin(bootstrap)
+    admin = admin_client(bootstrap)
     if _describe(admin, bootstrap, topic, timeout_s) is not None:
         return False
     created = True
@@ -267,13 +263,13 @@ def ensure_topic(
 def topic_names(bootstrap: Kafka, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
     """Every topic of the broker but its internal ones (``__consumer_offsets``, ...)."""
     with kafka_errors("listing the topics", bootstrap):
-        metadata = _admin(bootstrap).list_topics(timeout=timeout_s)
+        metadata = admin_client(bootstrap).list_topics(timeout=timeout_s)
     return sorted(t for t in metadata.topics if not t.startswith("__"))
 
 
 def delete_topic(bootstrap: Kafka, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Delete ``topic`` (if it exists) and wait until the broker no longer lists it."""
-    admin = _admin(bootstrap)
+    admin = admin_client(bootstrap)
     with kafka_errors(f"deleting topic {topic!r}", bootstrap):
         futures = admin.delete_topics([topic], operation_timeout=timeout_s,
                                       request_timeout=timeout_s)
@@ -297,7 +293,7 @@ def log_identity(bootstrap: Kafka, topics: Sequence[str], *,
     """The cluster id and the ids of ``topics`` (None for a topic the broker does not know), in
     two requests. ServiceUnavailableError when the broker cannot answer: only an answer is
     evidence that a log is gone. ``admin``: a client kept by a caller that asks often."""
-    admin = admin or _admin(bootstrap)
+    admin = admin or admin_client(bootstrap)
     with kafka_errors("describing the cluster", bootstrap):
         cluster = admin.describe_cluster(request_timeout=timeout_s).result()
     ids: dict[str, str | None] = {}

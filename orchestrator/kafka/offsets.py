@@ -254,10 +254,7 @@ class LogEndProbe:
                 continue
             _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             if high > candidate and (settled or high != baseline[key]):
-                ends[key] = high
-                # Fetches go to the partitions still unanswered.
-                paused.append(TopicPartition(*key))
-                consumer.pause(paused[-1:])
+                _found(consumer, key, high, ends, paused)
 
     @staticmethod
     def _ends_reached(consumer: Consumer, reached: dict[tuple[str, int], int],
@@ -273,9 +270,7 @@ class LogEndProbe:
                 continue
             _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             if position == high:
-                ends[key] = position
-                paused.append(TopicPartition(*key))
-                consumer.pause(paused[-1:])
+                _found(consumer, key, position, ends, paused)
 
     def _fetch_ends(
         self, candidates: dict[tuple[str, int], int], wait_s: float, *, final: bool,
@@ -338,16 +333,22 @@ class LogEndProbe:
                         key = (msg.topic() or "", msg.partition() or 0)
                         offset = msg.offset()
                         if key in candidates and key not in ends and offset is not None:
-                            ends[key] = offset
-                            # No later Fetch may move its kept watermark past this end.
-                            paused.append(TopicPartition(*key))
-                            consumer.pause(paused[-1:])
+                            _found(consumer, key, offset, ends, paused)
                     self._ends_reached(consumer, reached, ends, paused)
             finally:
                 if paused:  # a pause outlives the assignment: the next call would hang
                     consumer.resume(paused)
                 consumer.unassign()
         return ends, {k: r for k, r in reached.items() if k not in ends}
+
+
+def _found(consumer: Consumer, key: tuple[str, int], end: int, ends: dict[tuple[str, int], int],
+           paused: list[TopicPartition]) -> None:
+    """``end`` is the partition's end. It is paused: later Fetches go to the partitions still
+    unanswered, and none may move its kept watermark past this end."""
+    ends[key] = end
+    paused.append(TopicPartition(*key))
+    consumer.pause(paused[-1:])
 
 
 # How long a candidate above the end may stay unanswered before the next lower one is tried,

@@ -85,12 +85,7 @@ class Checkpoint:
 
     def has_batches(self) -> bool:
         """True if Spark has planned at least one batch here (its offset log is not empty)."""
-        if self._fs is None:
-            offsets = local_path(self.location) / "offsets"
-            return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
-        path = self._jvm.org.apache.hadoop.fs.Path(f"{self.location}/offsets")
-        return bool(self._fs.exists(path)) and any(
-            status.getPath().getName().isdigit() for status in self._fs.listStatus(path))
+        return bool(self._batch_ids("offsets"))
 
     def _batch_ids(self, folder: str) -> list[int]:
         if self._fs is None:
