@@ -64,6 +64,9 @@ class LostRange:
         return f"{self.topic}/{self.partition} [{self.first_offset}, {self.end_offset})"
 
 
+Acknowledged = Mapping[str, Mapping[int, int]]  # topic -> partition -> acknowledged end
+
+
 @dataclass(frozen=True)
 class RestoredTopic:
     topic: str
@@ -83,10 +86,12 @@ class RestoreReport:
     # (job, version) of versions that read a restored topic and were running, or failed only
     # because the broker's log was gone: they go on from their offsets, restarted.
     continuing: tuple[tuple[str, str], ...] = ()
+    # Acknowledged by the lost broker in topics the archive never held a record of.
+    unarchived: tuple[LostRange, ...] = ()
 
     @property
     def lost(self) -> tuple[LostRange, ...]:
-        return tuple(r for t in self.restored for r in t.lost)
+        return tuple(r for t in self.restored for r in t.lost) + self.unarchived
 
 
 class Restorer:
@@ -95,13 +100,21 @@ class Restorer:
         self.schema = settings.catalog_schema
         self.store = ParquetStore(archive_root(settings))
 
-    def restore(self, topics: Sequence[str] = ()) -> RestoreReport:
-        """Every archived topic the broker does not hold (or ``topics``), newest lineage."""
+    def restore(self, topics: Sequence[str] = (), acknowledged: Acknowledged | None = None
+                ) -> RestoreReport:
+        """Every archived topic the broker does not hold (or ``topics``), newest lineage.
+        ``acknowledged``: the ends the lost broker acknowledged (the stack's ack ledger)."""
+        acknowledged = acknowledged or {}
         with self.conn.transaction():
             known = manifest.known_logs(self.conn, self.schema)
         newest = {k.identity.topic: k for k in known if not topics or k.identity.topic in topics}
+        unarchived = tuple(LostRange(topic, p, 0, end)
+                           for topic, ends in sorted(acknowledged.items())
+                           if topic not in newest and not topic.startswith("__")
+                           and (not topics or topic in topics)
+                           for p, end in sorted(ends.items()) if end > 0)
         if not newest:
-            return RestoreReport()
+            return RestoreReport(unarchived=unarchived)
         identity = log_identity(self.kafka, sorted(newest))
         if not identity.cluster_id:
             raise ArchiveError(f"the broker at {self.kafka} reports no cluster id: it cannot "
@@ -120,11 +133,12 @@ class Restorer:
             for stale in (k for k in known if k.identity.topic == topic and k.restoring):
                 with self.conn.transaction():
                     manifest.forget(self.conn, self.schema, stale.identity)
-            done = self._topic(identity.cluster_id, topic, latest.root, latest.partitions)
+            done = self._topic(identity.cluster_id, topic, latest.root, latest.partitions,
+                               acknowledged.get(topic, {}))
             restored.append(done)
             failed += self._fail_readers_of_losses(done)
         return RestoreReport(tuple(restored), tuple(kept), tuple(failed),
-                             self._continuing(restored))
+                             self._continuing(restored), unarchived)
 
     def _continuing(self, restored: Sequence[RestoredTopic]) -> tuple[tuple[str, str], ...]:
         readers = {(v.job, v.version): v for t in restored for v in self._readers(t.topic,
@@ -138,8 +152,8 @@ class Restorer:
                     going_on.append(key)
         return tuple(going_on)
 
-    def _topic(self, cluster_id: str, topic: str, root: Lineage, partitions: int
-               ) -> RestoredTopic:
+    def _topic(self, cluster_id: str, topic: str, root: Lineage, partitions: int,
+               acknowledged: Mapping[int, int]) -> RestoredTopic:
         # Every segment is checked before the topic exists, so a damaged one stops the restore
         # with nothing of the topic on the broker; each is checked again as it is produced.
         with self.conn.transaction():
@@ -168,8 +182,11 @@ class Restorer:
         with self.conn.transaction():
             manifest.end_restore(self.conn, self.schema, seen)
             adopted = self._adopt(root, seen)
-            # The log reached at least as far as the archiver saw it, and as versions read it.
+            # The log reached at least as far as the broker acknowledged it, as the archiver
+            # saw it, and as versions read it.
             known_ends = manifest.log_ends(self.conn, self.schema, root)
+            for partition, acked in acknowledged.items():
+                known_ends[partition] = max(known_ends.get(partition, 0), acked)
             for version in self._readers(topic, topic_id):
                 read = runs.processed_offsets(self.conn, self.schema, version.id).get(topic, {})
                 for p, n in [*read.items(), *_planned_ends(version, topic).items()]:

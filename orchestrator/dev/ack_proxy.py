@@ -1,0 +1,172 @@
+"""The ack proxy: the embedded broker's advertised address, in front of its real listener.
+
+Every client of the stack's broker talks to it through this process, which passes the bytes on
+unchanged, with one exception: a Produce response is held until the ends it acknowledges are
+durable in the ack ledger (ack_ledger.py). Acknowledgements that arrive together are synced
+together, so the wait is one fsync per group, not per batch. A DeleteTopics response forgets
+the ends of the topics it names (a topic of that name starts again at offset 0).
+
+Run as ``python -m orchestrator.dev.ack_proxy LISTEN_PORT BROKER_PORT LEDGER``; `kappa dev up`
+starts it. When the broker goes, its connections close and so do the clients'; new ones are
+taken and closed until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import struct
+import sys
+from pathlib import Path
+
+from orchestrator.dev.ack_ledger import AckLedger
+from orchestrator.kafka import wire
+
+HOST = "127.0.0.1"
+_SIZE = struct.Struct(">i")
+_API_KEY = struct.Struct(">h")
+_CONNECT_TIMEOUT_S = 5.0
+_DRAIN_S = 5.0
+
+log = logging.getLogger("kappa.ack_proxy")
+
+
+class _Group:
+    """One fsync for all the acknowledgements noted while the previous one ran."""
+
+    def __init__(self, ledger: AckLedger):
+        self.ledger = ledger
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+
+    async def durable(self) -> None:
+        # Even with nothing new noted: an end noted by another connection may be in the sync
+        # that runs now, and the next one starts only after it.
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._wake.set()
+        await waiter
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            waiters, self._waiters = self._waiters, []
+            lines, snapshot = self.ledger.take()
+            try:
+                await loop.run_in_executor(None, self.ledger.write, lines, snapshot)
+            except OSError as exc:
+                # Nothing is acknowledged that is not noted: the producers' connections close.
+                for waiter in waiters:
+                    waiter.set_exception(exc)
+                log.error("the ack ledger %s cannot be written: %s", self.ledger.path, exc)
+                continue
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    size = _SIZE.unpack(await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
+
+
+class _Connection:
+    def __init__(self, group: _Group):
+        self.group = group
+        # correlation id -> Produce version and (topic, partition) -> offsets it takes
+        self.produces: dict[int, tuple[int, dict[tuple[str, int], int]]] = {}
+        self.deletes: dict[int, list[str]] = {}
+
+    async def requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter) -> None:
+        while True:
+            message = await _frame(client)
+            api_key = _API_KEY.unpack_from(message)[0]
+            if api_key == wire.PRODUCE:
+                header, acks, counts = wire.produce_counts(message)
+                if acks != 0:  # acks=0 gets no response, and promises nothing
+                    self.produces[header.correlation_id] = (header.api_version, counts)
+            elif api_key == wire.DELETE_TOPICS:
+                header, _ = wire.request_header(message)
+                self.deletes[header.correlation_id] = wire.deleted_topics(message)
+            broker.write(_SIZE.pack(len(message)) + message)
+            await broker.drain()
+
+    async def responses(self, broker: asyncio.StreamReader, client: asyncio.StreamWriter
+                        ) -> None:
+        ledger = self.group.ledger
+        while True:
+            message = await _frame(broker)
+            correlation_id = _SIZE.unpack_from(message)[0]
+            produced = self.produces.pop(correlation_id, None)
+            if produced is not None:
+                version, counts = produced
+                for ack in wire.produce_acks(message, version)[1]:
+                    taken = counts.get((ack.topic, ack.partition), 0)
+                    if ack.error_code == 0 and ack.base_offset >= 0 and taken:
+                        ledger.note(ack.topic, ack.partition, ack.base_offset + taken)
+                await self.group.durable()
+            for topic in self.deletes.pop(correlation_id, ()):
+                # Whatever the outcome: a topic that survived is noted again by its next ack.
+                ledger.forget(topic)
+            client.write(_SIZE.pack(len(message)) + message)
+            await client.drain()
+
+
+async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
+                 broker_port: int, group: _Group) -> None:
+    try:
+        broker_reader, broker_writer = await asyncio.wait_for(
+            asyncio.open_connection(HOST, broker_port), _CONNECT_TIMEOUT_S)
+    except (TimeoutError, OSError):
+        client_writer.close()
+        return
+    connection = _Connection(group)
+    requests = asyncio.create_task(connection.requests(client_reader, broker_writer))
+    responses = asyncio.create_task(connection.responses(broker_reader, client_writer))
+    await asyncio.wait((requests, responses), return_when=asyncio.FIRST_COMPLETED)
+    if not responses.done():
+        # The client left, or the broker went: what the broker answered before still reaches
+        # the client, so that it is told of every acknowledgement the ledger holds.
+        with contextlib.suppress(OSError, RuntimeError):
+            broker_writer.write_eof()
+        await asyncio.wait((responses,), timeout=_DRAIN_S)
+    for task in (requests, responses):
+        task.cancel()
+    for ended in await asyncio.gather(requests, responses, return_exceptions=True):
+        if isinstance(ended, wire.WireError):
+            log.error("closing a connection on a message not understood: %s", ended)
+    for writer in (client_writer, broker_writer):
+        writer.close()
+
+
+async def serve(listen_port: int, broker_port: int, ledger_path: Path) -> None:
+    group = _Group(AckLedger(ledger_path))
+    server = await asyncio.start_server(
+        lambda r, w: _serve(r, w, broker_port, group), HOST, listen_port, reuse_address=True,
+        limit=1 << 20)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    flusher = asyncio.create_task(group.run())
+    async with server:
+        await stopping.wait()
+    flusher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await flusher
+    group.ledger.close()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    listen_port, broker_port, ledger = int(argv[0]), int(argv[1]), Path(argv[2])
+    asyncio.run(serve(listen_port, broker_port, ledger))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
