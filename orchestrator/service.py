@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -270,14 +270,16 @@ class Orchestrator:
             return Archiver(self.settings, conn, self.settings.require_services()[1]).status(
                 topics)
 
-    def archive_restore(self, topics: Sequence[str] = ()) -> Any:
+    def archive_restore(self, topics: Sequence[str] = (),
+                        acknowledged: Mapping[str, Mapping[int, int]] | None = None) -> Any:
         """Write archived topics that the broker does not hold back into it, offset for
-        offset, checked against the manifest; report what a crash lost before the archive."""
+        offset, checked against the manifest; report what a crash lost before the archive
+        (``acknowledged``: the lost broker's acknowledged ends, from the stack's ack ledger)."""
         from orchestrator.archive.restore import Restorer
 
         with self._catalog() as conn:
             report = Restorer(self.settings, conn, self.settings.require_services()[1]
-                              ).restore(topics)
+                              ).restore(topics, acknowledged or {})
         # A driver that read the lost topic would fail on its new id: it starts again on it.
         for job, version in report.continuing:
             self.restart(job, version)

@@ -83,6 +83,9 @@ class Settings:
     events_kept: int = 100_000
     # A driver's log is rotated at this size (one older file is kept).
     driver_log_max_bytes: int = 50_000_000
+    # The exporter's label naming a kappa job: "kappa_job", or "job" as before this release
+    # (scraped with honor_labels: true; the dashboard and the alert rules use kappa_job).
+    metrics_job_label: str = "kappa_job"
 
     @property
     def dev_stack_file(self) -> Path:

@@ -14,8 +14,11 @@ fi
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 extras=${1:-}
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
+# -qq: errors only, so that a newcomer's first screen is the demo, not pip's notes; and
+# setuptools' box about editable installs (a UserWarning of its build backend) is not printed.
+.venv/bin/python -m pip install -qq --upgrade pip
+PYTHONWARNINGS="ignore:Editable installation" \
+  .venv/bin/python -m pip install -qq -e ".${extras:+[$extras]}"
 # The embedded default keeps its log in a local S3 server (the npm package s3rver), installed
 # beside the venv's Python where `kappa dev up` looks for it.
 s3rver_version=3.7.1
@@ -34,4 +37,14 @@ if [ ! -x .venv/node/node_modules/.bin/s3rver ] \
          "npm (e.g. 'sudo apt-get install nodejs npm') and run this again, or use" \
          "'kappa dev up --memory' (a volatile log)" >&2
   fi
+fi
+# With the dev extras: Grafana's dashboard schema and TypeScript, which type-check the generated
+# dashboard in the test suite (tests/integration/test_dashboard_schema.py).
+grafana_schema_version=13.2.3
+typescript_version=5.9.3
+if [[ ",$extras," == *",dev,"* ]] && command -v npm >/dev/null 2>&1 \
+   && ! grep -qs "\"version\": \"$grafana_schema_version\"" \
+        .venv/node/node_modules/@grafana/schema/package.json; then
+  npm install --silent --no-fund --no-audit --prefix .venv/node \
+    "@grafana/schema@$grafana_schema_version" "typescript@$typescript_version" >/dev/null
 fi

@@ -4,13 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 began=$SECONDS
-# From Debian's packages: a real Prometheus server for the metrics tests, and socat and openssl
-# to put TLS in front of the embedded broker for the secured-Kafka tests. Installed while pip
-# installs the Python packages (both mostly wait on downloads).
+# From Debian's packages: a real Prometheus server (and promtool) for the metrics tests, tmux
+# for the terminal-output test, and socat and openssl to put TLS in front of the embedded
+# broker for the secured-Kafka tests. Installed while pip installs the Python packages (both
+# mostly wait on downloads).
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
 command -v socat >/dev/null 2>&1 || missing="$missing socat"
 command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
+command -v tmux >/dev/null 2>&1 || missing="$missing tmux"
 apt_job=""
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then

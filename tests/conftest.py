@@ -120,6 +120,21 @@ def service(settings: object) -> Iterator[object]:
                 launcher.terminate(st.pid, None, grace_s=2)
 
 
+def debian_tool(name: str, package: str) -> str:
+    """The path of a tool CI installs from Debian: a failure in CI where it is missing (a broken
+    set-up), a skip that says how to install it elsewhere."""
+    import shutil
+
+    binary = shutil.which(name)
+    if binary is None:
+        why = (f"{name} is not installed: `apt-get install {package}` (scripts/test.sh does it "
+               "when run as root)")
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return binary
+
+
 def wait_until(condition: object, timeout_s: float, what: str, poll_s: float = 0.5) -> object:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` on timeout.
 

@@ -35,7 +35,8 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
         print(f"serving metrics on http://{args.host}:{port}/metrics "
               f"(sampling every {args.interval:g}s{restarting}); Ctrl-C stops", flush=True)
 
-    serve(take, host=args.host, port=args.port, interval_s=args.interval, ready=ready)
+    serve(take, host=args.host, port=args.port, interval_s=args.interval, ready=ready,
+          job_label=service.settings.metrics_job_label)
     return 0
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
 
-from orchestrator.cli.output import print_json, table
+from rich.live import Live
+from rich.text import Text
+
+from orchestrator.cli.output import console, table
 from orchestrator.lag import Thresholds
 from orchestrator.models import VersionLag
 
@@ -55,14 +59,21 @@ def _bar(lg: VersionLag, width: int = 20) -> str:
 
 def run_lag(service: Any, args: argparse.Namespace) -> int:
     limits = Thresholds(window_s=args.window)
-    while True:
+
+    def shown() -> str:
         lags = service.lag(args.job, args.version, limits)
         if args.json:
-            print_json([lg.to_json() for lg in lags])
-        else:
-            if args.watch and sys.stdout.isatty():
-                sys.stdout.write("\033[H\033[2J")
-            print(render(lags, args.partitions) if lags else "no job versions deployed yet")
+            return json.dumps([lg.to_json() for lg in lags], indent=2, default=str)
+        return render(lags, args.partitions) if lags else "no job versions deployed yet"
+
+    if args.watch and not args.json and sys.stdout.isatty():
+        # One table redrawn in place; Ctrl-C ends it.
+        with Live(Text.from_ansi(shown()), console=console(), auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(Text.from_ansi(shown()), refresh=True)
+    while True:
+        print(shown())
         if not args.watch:
             return 0
         sys.stdout.flush()

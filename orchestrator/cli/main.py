@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.cli.output import ProgressBar, print_json, status_table, table
+from orchestrator.cli.output import ProgressBar, print_error, print_json, status_table, table
 from orchestrator.errors import KappaError
 
 
@@ -280,8 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KappaError as exc:
         if args.debug:
             raise
-        red, reset = ("\033[31m", "\033[0m") if sys.stderr.isatty() else ("", "")
-        print(f"{red}Error: {exc}{reset}", file=sys.stderr)
+        print_error(f"Error: {exc}")
         return 1
     except KeyboardInterrupt:
         return 130

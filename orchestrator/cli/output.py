@@ -1,25 +1,81 @@
-"""Printing for people (tables, a progress bar) and for scripts (--json)."""
+"""Printing for people and for scripts.
+
+People get `rich`: on a terminal, tables with their states in colour (none under ``NO_COLOR``),
+a progress bar redrawn in place, and `kappa lag --watch` redrawn as one live table. Where the
+output is not a terminal (a pipe, a file, a CI log) the same tables come as plain lines, with
+no colour, no redraw and no width limit, exactly as scripts that read them have always seen
+them. Scripts that want structure use ``--json``, printed as before, byte for byte.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any, cast
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+from rich.text import Text
 
 from orchestrator.models import VersionStatus
+
+# Run states, lag states and the stack's yes/no, as people scan for them.
+STATE_STYLES = {
+    "live": "green", "caught_up": "green", "yes": "green",
+    "replaying": "cyan", "catching_up": "cyan", "starting": "cyan", "registered": "cyan",
+    "stopped": "yellow", "falling_behind": "yellow", "retired": "dim",
+    "failed": "bold red", "stalled": "bold red", "no": "red", "log_gone": "magenta",
+}
+_STYLED_COLUMNS = {"state", "running"}
+_PLAIN_WIDTH = 100_000  # off a terminal, lines are as long as their content
+_UNWRAPPED = 3
 
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
+def console(stream: IO[str] | None = None) -> Console:
+    """A console on ``stream`` (stdout): a terminal's width and colours on a terminal, else
+    plain lines. rich itself honours NO_COLOR."""
+    stream = sys.stdout if stream is None else stream
+    tty = stream.isatty()
+    return Console(file=stream, highlight=False, force_terminal=tty,
+                   width=None if tty else _PLAIN_WIDTH)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(line.rstrip() for line in lines)
+    """A table for ``print``: upper-case headers, columns two spaces apart, states coloured on
+    a terminal."""
+    grid = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1),
+                 header_style="bold", show_header=True)
+    for i, header in enumerate(headers):
+        # On a narrow terminal the leading columns (job, version, state: what people scan for)
+        # never wrap; the others fold within their cells.
+        grid.add_column(header.upper(), no_wrap=i < _UNWRAPPED, overflow="fold")
+    styled = [h in _STYLED_COLUMNS for h in headers]
+    for row in rows:
+        grid.add_row(*[_cell(value, style) for value, style in zip(row, styled, strict=True)])
+    return render(grid)
+
+
+def render(renderable: Any) -> str:
+    """What ``renderable`` prints as on stdout, as text (with its colours on a terminal)."""
+    shown = console()
+    buffer = io.StringIO()
+    into = Console(file=buffer, highlight=False, force_terminal=shown.is_terminal,
+                   color_system=cast(Any, shown.color_system), no_color=shown.no_color,
+                   width=shown.width)
+    into.print(renderable)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").split("\n"))
+
+
+def _cell(value: Any, styled: bool) -> Text:
+    text = "" if value is None else str(value)
+    return Text(text, style=STATE_STYLES.get(text, "") if styled else "")
 
 
 def status_table(statuses: Sequence[VersionStatus]) -> str:
@@ -41,29 +97,45 @@ def status_table(statuses: Sequence[VersionStatus]) -> str:
     return text
 
 
+def print_error(message: str) -> None:
+    console(sys.stderr).print(Text(message, style="red"))
+
+
 class ProgressBar:
-    """One line on stderr, redrawn in place while a version catches up."""
+    """A version catching up, on stderr: a bar redrawn in place on a terminal, else a plain line
+    whenever the state changes."""
 
     def __init__(self, label: str, width: int = 30):
         self.label, self.width = label, width
         self.tty = sys.stderr.isatty()
         self._last = ""
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        if self.tty:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(bar_width=width),
+                TextColumn("{task.percentage:>5.1f}%"), MofNCompleteColumn(),
+                TextColumn("{task.fields[state]}"), console=console(sys.stderr))
+            self._task = self._progress.add_task(label, total=None, state="")
+            self._progress.start()
 
     def update(self, st: VersionStatus) -> None:
         processed = sum(o for ps in st.processed_offsets.values() for o in ps.values())
-        behind = st.lag_records or 0
-        total = processed + behind
+        total = processed + (st.lag_records or 0)
+        state = st.state.value
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=processed, total=total or None,
+                                  state=Text(state, style=STATE_STYLES.get(state, "")))
+            return
         fraction = processed / total if total else 0.0
         filled = int(fraction * self.width)
         line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{fraction:6.1%} {processed:,}/{total:,} {st.state.value}")
-        if self.tty:
-            sys.stderr.write("\r" + line)
-        elif line != self._last and st.state.value != self._last.rsplit(" ", 1)[-1]:
+                f"{fraction:6.1%} {processed:,}/{total:,} {state}")
+        if line != self._last and state != self._last.rsplit(" ", 1)[-1]:
             sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+            sys.stderr.flush()
         self._last = line
 
     def close(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
+        if self._progress is not None:
+            self._progress.stop()

@@ -4,9 +4,10 @@ Built with the Grafana Foundation SDK (a dev dependency): only tests and this mo
 import it, never the CLI or the service. ``write`` regenerates the committed files under
 ``dashboards/``: the dashboard JSON and Grafana provisioning for it and a Prometheus datasource.
 
-Every panel query filters on ``job=~"$job"`` and ``version=~"$version"``, except the exporter
-panel (the exporter's own metrics carry no job or version). The exporter exposes its own ``job``
-label, so Prometheus must scrape it with ``honor_labels: true`` (see ``dashboards/README.md``).
+Every panel query filters on ``kappa_job=~"$job"`` and ``version=~"$version"``, except the
+exporter panel (the exporter's own metrics carry no job or version). The label is ``kappa_job``,
+not ``job``, which Prometheus sets to the scrape job's name. The dashboard links the alert rules
+that ship beside it (``dashboards/kappa-alerts.yml``), as loaded into Grafana's alerting.
 """
 
 from __future__ import annotations
@@ -31,20 +32,27 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as prometheus_m
 
 from orchestrator.lag import LagState
+from orchestrator.metrics.grafana_provisioning import (
+    DATASOURCE_UID,
+    PROVISIONING_DASHBOARDS,
+    PROVISIONING_DATASOURCES,
+)
 
 UID = "kappa-replay"
 TITLE = "Kappa reprocessing"
 TAGS = ["kappa", "kappa-orchestrator", "reprocessing"]
-DATASOURCE_UID = "prometheus"  # the provisioned datasource; the variable defaults to it
 DASHBOARD_FILE = "kappa-replay.json"
+ALERTS_FILE = "kappa-alerts.yml"
+# Grafana's list of alert rules, filtered to kappa's group (the rules file's group name).
+ALERTS_URL = "/alerting/list?search=group:kappa"
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
 # Panels and variables use the datasource variable, so the dashboard imports into any Grafana
 # with a Prometheus datasource (the provisioned one, uid "prometheus", is the default).
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-SEL = 'job=~"$job", version=~"$version"'
-BY_VERSION = "{{job}} {{version}}"
-BY_PARTITION = "{{job}} {{version}} {{topic}}/{{partition}}"
+SEL = 'kappa_job=~"$job", version=~"$version"'
+BY_VERSION = "{{kappa_job}} {{version}}"
+BY_PARTITION = "{{kappa_job}} {{version}} {{topic}}/{{partition}}"
 RATE_UNIT = "suffix: rec/s"
 # Dashboard-level variables that panel_queries substitutes with a concrete duration.
 _INTERVALS = re.compile(r"\$(?:__rate_interval|__interval|__range)\b|\$\{(?:__rate_interval|"
@@ -58,7 +66,7 @@ _STATE_COLORS = {
     LagState.STOPPED: "text",
     LagState.LOG_GONE: "purple",
 }
-_ALIAS_SWITCHES = 'changes(kappa_alias_switches_total{job=~"$job"}[1m]) > 0'
+_ALIAS_SWITCHES = 'changes(kappa_alias_switches_total{kappa_job=~"$job"}[1m]) > 0'
 
 
 def _query(ref_id: str, expr: str, legend: str, *, instant: bool = False,
@@ -71,11 +79,11 @@ def _query(ref_id: str, expr: str, legend: str, *, instant: bool = False,
 
 
 def _per_version(metric: str) -> str:
-    return f"max by (job, version) ({metric}{{{SEL}}})"
+    return f"max by (kappa_job, version) ({metric}{{{SEL}}})"
 
 
 def _per_partition(metric: str) -> str:
-    return f"max by (job, version, topic, partition) ({metric}{{{SEL}}})"
+    return f"max by (kappa_job, version, topic, partition) ({metric}{{{SEL}}})"
 
 
 def _legend() -> common_b.VizLegendOptions:
@@ -130,7 +138,7 @@ def _state_expr() -> str:
     """
     parts = [f'kappa_state{{{SEL}, state="{state.value}"}} * {code}'
              for code, state in enumerate(LagState, start=1)]
-    return f"max by (job, version) ({' or '.join(parts)})"
+    return f"max by (kappa_job, version) ({' or '.join(parts)})"
 
 
 def _state_mappings() -> list[dm.ValueMapping]:
@@ -195,7 +203,7 @@ def _panels() -> list[cogbuilder.Builder[dm.Panel]]:
                   .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
                       "excludeByName": {"Time": True},
                       "indexByName": {name: i for i, name in enumerate(
-                          ["job", "version", "topic", "partition",
+                          ["kappa_job", "version", "topic", "partition",
                            *(f"Value #{ref}" for ref, _, _ in columns)])},
                       "renameByName": {f"Value #{ref}": label for ref, _, label in columns},
                   }))
@@ -210,7 +218,7 @@ def _panels() -> list[cogbuilder.Builder[dm.Panel]]:
     dead_letters = (_stat(
         8, "Dead letters", "Invalid events routed to the version's dead-letter table: new in "
         "the selected time range, and in total.", 6,
-        _query("A", f"sum by (job, version) (increase(kappa_dead_letters_total{{{SEL}}}"
+        _query("A", f"sum by (kappa_job, version) (increase(kappa_dead_letters_total{{{SEL}}}"
                     "[$__range]))", BY_VERSION + " in range", instant=True),
         _query("B", _per_version("kappa_dead_letters_total"), BY_VERSION + " total",
                instant=True))
@@ -265,16 +273,22 @@ def _builder() -> dashboard_b.Dashboard:
                             .current(dm.VariableOption(text="Prometheus",
                                                        value=DATASOURCE_UID)))
              .with_variable(dashboard_b.QueryVariable("job").label("Job").datasource(prom_ds)
-                            .query("label_values(kappa_lag_records, job)")
+                            .query("label_values(kappa_lag_records, kappa_job)")
                             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
                             .sort(dm.VariableSort.ALPHABETICAL_ASC)
                             .multi(True).include_all(True))
              .with_variable(dashboard_b.QueryVariable("version").label("Version")
                             .datasource(prom_ds)
-                            .query('label_values(kappa_lag_records{job=~"$job"}, version)')
+                            .query('label_values(kappa_lag_records{kappa_job=~"$job"}, '
+                                   'version)')
                             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
                             .sort(dm.VariableSort.ALPHABETICAL_ASC)
                             .multi(True).include_all(True))
+             .link(dashboard_b.DashboardLink("Alert rules").type(dm.DashboardLinkType.LINK)
+                   .url(ALERTS_URL).icon("bolt").keep_time(False).include_vars(False)
+                   .target_blank(False).as_dropdown(False)
+                   .tooltip("kappa's alert rules (dashboards/kappa-alerts.yml), as loaded "
+                            "into Grafana's alerting"))
              .annotation(dashboard_b.AnnotationQuery().name("Alias switches")
                          .datasource(prom_ds).enable(True).hide(False)
                          .icon_color("purple").expr(_ALIAS_SWITCHES)))
@@ -295,8 +309,18 @@ def build_dashboard() -> dict[str, Any]:
         if annotation.get("expr") == _ALIAS_SWITCHES:
             # The SDK's AnnotationQuery has no fields for Prometheus's annotation options.
             annotation.update({"step": "15s", "titleFormat": "Alias {{alias}} switched",
-                               "textFormat": "{{job}}: alias {{alias}} now points elsewhere",
-                               "tagKeys": "job,alias", "useValueForTime": False})
+                               "textFormat": "{{kappa_job}}: alias {{alias}} now points "
+                                             "elsewhere",
+                               "tagKeys": "kappa_job,alias", "useValueForTime": False})
+    # What the SDK writes that Grafana's schema (@grafana/schema 13) does not know: a
+    # placeholder id and the interval variable's fields on every variable, and the
+    # dashboard's retired `style`.
+    model.pop("style", None)
+    for variable in model["templating"]["list"]:
+        variable.pop("id", None)
+        if variable["type"] != "interval":
+            for key in ("auto", "auto_min", "auto_count"):
+                variable.pop(key, None)
     return model
 
 
@@ -318,46 +342,6 @@ def panel_queries(job: str, version: str) -> list[tuple[str, str]]:
             expr = _VARIABLES.sub(lambda m: values[m.group(1) or m.group(2)], expr)
             found.append((panel["title"], expr))
     return found
-
-
-PROVISIONING_DASHBOARDS = """\
-# Grafana file provider for the Kappa dashboards: copy to <grafana>/conf/provisioning/dashboards/.
-# ADJUST `path` below: the folder holding kappa-replay.json (this repository's dashboards/ folder)
-# as Grafana sees it, e.g. mount it with
-#   docker run -v "$PWD/dashboards:/var/lib/grafana/dashboards/kappa:ro" ...
-# or replace the path with the absolute path of dashboards/ in your checkout.
-apiVersion: 1
-
-providers:
-  - name: kappa
-    orgId: 1
-    folder: Kappa
-    type: file
-    disableDeletion: false
-    allowUiUpdates: false
-    updateIntervalSeconds: 30
-    options:
-      path: /var/lib/grafana/dashboards/kappa
-      foldersFromFilesStructure: false
-"""
-
-PROVISIONING_DATASOURCES = f"""\
-# Prometheus datasource for the Kappa dashboards (copy to
-# <grafana>/conf/provisioning/datasources/). The dashboard's `datasource` variable defaults to
-# uid "{DATASOURCE_UID}"; adjust `url` to where Prometheus listens.
-apiVersion: 1
-
-datasources:
-  - name: Prometheus
-    type: prometheus
-    uid: {DATASOURCE_UID}
-    access: proxy
-    url: http://127.0.0.1:9090
-    isDefault: true
-    editable: true
-    jsonData:
-      timeInterval: 5s
-"""
 
 
 def write(directory: Path) -> list[Path]:

@@ -18,13 +18,33 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from orchestrator.archive.segments import PartitionArchive
+from orchestrator.errors import ConfigError
 from orchestrator.lag import LagState
 from orchestrator.models import AliasState, VersionLag, VersionStatus
+from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.exporter")
 PREFIX = "kappa"
-VERSION_LABELS = ("job", "version")
-PARTITION_LABELS = ("job", "version", "topic", "partition")
+# The label naming a kappa job. Not `job`: Prometheus sets `job` to the scrape job's name and
+# renames a target's own to `exported_job`. LEGACY_JOB_LABEL keeps the old name for one release
+# (setting metrics_job_label).
+JOB_LABEL, LEGACY_JOB_LABEL = "kappa_job", "job"
+
+
+def job_label_checked(name: str) -> str:
+    if name not in (JOB_LABEL, LEGACY_JOB_LABEL):
+        raise ConfigError(f"metrics_job_label={name!r} is not a label the exporter offers: use "
+                          f"{JOB_LABEL!r} (the default) or {LEGACY_JOB_LABEL!r} (the name "
+                          "before this release, scraped with honor_labels: true)")
+    return name
+
+
+def _version_labels(job_label: str) -> tuple[str, ...]:
+    return (job_label, "version")
+
+
+def _partition_labels(job_label: str) -> tuple[str, ...]:
+    return (job_label, "version", "topic", "partition")
 
 
 @dataclass(frozen=True)
@@ -81,14 +101,15 @@ class Sampler:
 
 
 class KappaCollector(Collector):
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler: Sampler, job_label: str = JOB_LABEL) -> None:
         self.sampler = sampler
+        self.job_label = job_label_checked(job_label)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         snap = self.sampler.snapshot
-        yield from lag_metrics(snap.lags)
-        yield from status_metrics(snap.statuses)
-        yield from alias_metrics(snap.aliases, snap.statuses)
+        yield from lag_metrics(snap.lags, self.job_label)
+        yield from status_metrics(snap.statuses, self.job_label)
+        yield from alias_metrics(snap.aliases, snap.statuses, self.job_label)
         yield from archive_metrics(snap.archive)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
@@ -108,7 +129,8 @@ def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
 
-def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
+def lag_metrics(lags: Sequence[VersionLag], job_label: str = JOB_LABEL
+                ) -> Iterator[GaugeMetricFamily]:
     per_partition = {
         "log_start_offset": ("First retained offset of the partition", "log_start"),
         "log_end_offset": ("Offset the next record will get (true log end)", "log_end"),
@@ -117,7 +139,7 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
         "partition_lag_seconds": ("Age of the oldest unprocessed record", "lag_seconds"),
     }
     for name, (doc, attr) in per_partition.items():
-        family = _gauge(name, doc, PARTITION_LABELS)
+        family = _gauge(name, doc, _partition_labels(job_label))
         for lag in lags:
             for p in lag.partitions:
                 figure = getattr(p, attr)
@@ -137,7 +159,7 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
                         lambda v: math.inf if v.eta_seconds is None else v.eta_seconds),
     }
     for name, (doc, value) in per_version.items():
-        family = _gauge(name, doc, VERSION_LABELS)
+        family = _gauge(name, doc, _version_labels(job_label))
         for lag in lags:
             figure = value(lag)
             # A version whose log is gone has no figures against the log there now: only its
@@ -146,7 +168,7 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
                 family.add_metric([lag.job, lag.version], float(figure))
         yield family
     state = _gauge("state", "1 for the version's current lag state, 0 for the others",
-                   (*VERSION_LABELS, "state"))
+                   (*_version_labels(job_label), "state"))
     for lag in lags:
         for candidate in LagState:
             state.add_metric([lag.job, lag.version, candidate.value],
@@ -154,16 +176,23 @@ def lag_metrics(lags: Sequence[VersionLag]) -> Iterator[GaugeMetricFamily]:
     yield state
 
 
-def status_metrics(statuses: Sequence[VersionStatus]
+def status_metrics(statuses: Sequence[VersionStatus], job_label: str = JOB_LABEL
                    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    by_version = _version_labels(job_label)
     rows = _gauge("output_rows", "Rows in the version's output table, from PostgreSQL's "
-                  "statistics (no scan)", VERSION_LABELS)
+                  "statistics (no scan)", by_version)
     dead = CounterMetricFamily(f"{PREFIX}_dead_letters", "Invalid events routed to the "
-                               "version's dead-letter table", labels=list(VERSION_LABELS))
+                               "version's dead-letter table", labels=list(by_version))
     heartbeat = _gauge("driver_heartbeat_age_seconds", "Seconds since the driver's last "
-                       "heartbeat", VERSION_LABELS)
+                       "heartbeat", by_version)
+    run_state = _gauge("run_state", "1 for the version's current run state (deployed, "
+                       "replaying, live, failed, ...), 0 for the others",
+                       (*by_version, "state"))
     for st in statuses:
         labels = [st.job, st.version]
+        for candidate in RunState:
+            run_state.add_metric([*labels, candidate.value],
+                                 1.0 if candidate == st.state else 0.0)
         if st.rows is not None:
             rows.add_metric(labels, float(st.rows))
         if st.dead_letters is not None:
@@ -173,17 +202,19 @@ def status_metrics(statuses: Sequence[VersionStatus]
     yield rows
     yield dead
     yield heartbeat
+    yield run_state
 
 
-def alias_metrics(aliases: Sequence[AliasState], statuses: Sequence[VersionStatus]
+def alias_metrics(aliases: Sequence[AliasState], statuses: Sequence[VersionStatus],
+                  job_label: str = JOB_LABEL
                   ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    labels = ["job", "alias", "version"]
+    labels = [job_label, "alias", "version"]
     target = GaugeMetricFamily(f"{PREFIX}_alias_target", "1 when the alias serves any keys "
                                "from the version, else 0", labels=labels)
     split = GaugeMetricFamily(f"{PREFIX}_alias_split_percent", "Percent of the alias's keys "
                               "served by the version", labels=labels)
     switches = CounterMetricFamily(f"{PREFIX}_alias_switches", "Switches of the alias "
-                                   "(promote, A/B step, rollback)", labels=["job", "alias"])
+                                   "(promote, A/B step, rollback)", labels=[job_label, "alias"])
     for alias in aliases:
         for version in sorted({st.version for st in statuses if st.job == alias.job}):
             share = alias.share(version)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from orchestrator.process import stop_process
 
-from conftest import wait_until
+from conftest import debian_tool, wait_until
+
+ALERT_RULES = Path(__file__).resolve().parents[2] / "dashboards" / "kappa-alerts.yml"
 
 
 def free_port() -> int:
@@ -56,19 +55,15 @@ def scrape(target: str) -> str:
 @contextmanager
 def prometheus(directory: Path, target: str) -> Iterator[str]:
     """A Prometheus server scraping ``target`` every second; yields its base URL."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        why = ("prometheus is not installed: `apt-get install prometheus` (scripts/test.sh "
-               "does it when run as root)")
-        if os.environ.get("CI"):
-            pytest.fail(why)  # CI installs it: a missing server there is a broken set-up
-        pytest.skip(why)
+    binary = debian_tool("prometheus", "prometheus")
     port = free_port()
     config = directory / "prometheus.yml"
+    # A plain scrape config, as an operator writes it (no honor_labels): the kappa job is the
+    # exporter's `kappa_job`, and `job` is the scrape job's. The shipped alert rules are loaded.
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        # honor_labels: the exporter's own `job` label (the kappa job) must not be renamed.
-        "scrape_configs:\n  - job_name: kappa\n    honor_labels: true\n    static_configs:\n"
+        f"rule_files:\n  - {ALERT_RULES}\n"
+        "scrape_configs:\n  - job_name: kappa\n    static_configs:\n"
         f"      - targets: ['{target}']\n")
     with open(directory / "prometheus.log", "wb") as log:
         proc = subprocess.Popen(
@@ -98,3 +93,11 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
     assert body["status"] == "success", body
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
+
+
+def alert_rules(url: str) -> list[dict[str, Any]]:
+    """The alerting rules the server loaded, each with its health after evaluation."""
+    with urllib.request.urlopen(f"{url}/api/v1/rules?type=alert", timeout=10) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return [rule for group in body["data"]["groups"] for rule in group["rules"]]

@@ -9,6 +9,7 @@ the front's port so that no client can reach it any other way.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -98,7 +99,9 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         except psutil.Error:
             children = []
         for child in children:
-            child.kill()
+            # socat forks a child per connection, which exits as its connection closes.
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
         proc.kill()
         proc.wait(10)
 

@@ -116,7 +116,7 @@ def _sequential_scans(settings, job: str) -> dict[str, int]:
 def _sampled_rows(tmp_path: Path, job: str) -> float | None:
     from integration.observability import scrape
 
-    found = re.search(rf'^kappa_output_rows{{job="{job}",version="v1"}} (\S+)$',
+    found = re.search(rf'^kappa_output_rows{{kappa_job="{job}",version="v1"}} (\S+)$',
                       scrape(_agent_target(tmp_path)), re.M)
     return float(found.group(1)) if found else None
 

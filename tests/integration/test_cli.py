@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import job_file, kappa_cli
+from conftest import ROOT, debian_tool, job_file, kappa_cli, wait_until
 from integration.helpers import query
 
 pytestmark = [pytest.mark.integration]
@@ -107,3 +111,49 @@ def test_status_json_has_the_stable_keys(settings, service, topic, tmp_path: Pat
     assert row["lag_records"] == 0 and row["state"] == "live" and isinstance(row["pid"], int)
     table = kappa_cli(settings, "status")
     assert "pageview_counts" in table.stdout and "live" in table.stdout
+
+
+def _in_terminal(settings, command: str, env_changes: dict[str, str] | None = None) -> str:
+    """Run ``command`` in a real terminal (a tmux pane, 200 columns) and return the pane as
+    drawn, with its escape codes."""
+    socket = f"kappa-test-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env.update(settings.driver_environment(), TERM="xterm-256color", **(env_changes or {}))
+    tmux = [debian_tool("tmux", "tmux"), "-L", socket]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50",
+                    f"{command}; echo KAPPA_EXIT=$?; sleep 600"], env=env, check=True, cwd=ROOT)
+    try:
+        def pane() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p", "-e", "-J", "-S", "-"],
+                                  capture_output=True, text=True, check=True).stdout
+
+        wait_until(lambda: "KAPPA_EXIT=" in pane(), 300, f"`{command}` to finish in tmux")
+        drawn = pane()
+        assert "KAPPA_EXIT=0" in drawn, drawn
+        return drawn
+    finally:
+        subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
+
+
+def test_people_get_rich_output_on_a_terminal_and_scripts_plain_lines(
+        settings, service, topic, tmp_path: Path) -> None:
+    service.produce_sample(topic, 5_000, seed=5)
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    path = job_file(tmp_path, "v1", topic)
+    deployed = _in_terminal(settings, f"{kappa} deploy {path} --wait")
+    # rich's progress bar, drawn in place: its bar and the records processed of all
+    assert "━" in deployed and "5000/5000" in deployed, deployed
+    green = "\x1b[32m"
+    for args in ("status", "lag", "history pageview_counts"):
+        drawn = _in_terminal(settings, f"{kappa} {args}")
+        piped = kappa_cli(settings, *args.split())
+        assert piped.returncode == 0, piped.stderr
+        assert "\x1b" not in piped.stdout + piped.stderr, piped.stdout
+        # The same text on the terminal, with colour where states are
+        firsts = {line.split()[0] for line in piped.stdout.splitlines() if line.split()}
+        assert not {word for word in firsts if word not in drawn}, (piped.stdout, drawn)
+        if args != "history pageview_counts":  # no alias switched yet: no states to colour
+            assert green in drawn and ("live" in drawn or "caught_up" in drawn), drawn
+            assert green not in _in_terminal(settings, f"{kappa} {args}", {"NO_COLOR": "1"})
+    again = kappa_cli(settings, "deploy", str(path), "--wait")  # a no-op, piped
+    assert again.returncode == 0 and "\x1b" not in again.stdout + again.stderr, again.stderr

@@ -77,7 +77,7 @@ def _durable_cycle(cwd: Path) -> list[object]:
     assert len(before) == 20_000
     status = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
     assert status["storage"] == "archive" and [s["name"] for s in status["services"]] == [
-        "postgres", "broker", "archiver"]
+        "postgres", "broker", "ack proxy", "archiver"]
     down = _kappa(cwd, "dev", "down")
     assert down.returncode == 0, down.stderr
     assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story

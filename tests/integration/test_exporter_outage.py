@@ -59,7 +59,8 @@ def test_agent_survives_broker_and_postgres_outages(tmp_path: Path) -> None:
         with agent(settings, tmp_path, "--interval", "1", "--window", "5",
                    archive=True) as target:
             wait_until(lambda: _stale(target) == 0.0, 30, "fresh metrics")
-            assert 'kappa_lag_records{job="pageview_counts",version="v1"} 0.0' in scrape(target)
+            assert 'kappa_lag_records{kappa_job="pageview_counts",version="v1"} 0.0' in scrape(
+                target)
 
             broker = psutil.Process(json.loads((state / "dev" / "stack.json").read_text())
                                     ["broker_pid"])

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import job_file, wait_until
 from integration.helpers import stop_drivers
-from integration.observability import agent, prometheus, query
+from integration.observability import agent, alert_rules, prometheus, query
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
@@ -29,7 +29,9 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
         with agent(settings, tmp_path, "--interval", "1", "--window", "5",
                    archive=True) as target, \
                 prometheus(tmp_path, target) as url:
-            selector = f'job="{JOB}",version="v1"'
+            # kappa_job survives a plain scrape; `job` is the scrape job's (the collision
+            # that once needed honor_labels).
+            selector = f'kappa_job="{JOB}",version="v1",job="kappa"'
             wait_until(lambda: query(url, f"kappa_lag_records{{{selector}}} > 0"), 120,
                        "Prometheus to see the version catching up")
             for title, expr in panel_queries(JOB, "v1"):
@@ -40,5 +42,11 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
             wait_until(lambda: query(url, f'kappa_state{{{selector},state="caught_up"}} == 1'),
                        60, "the caught_up state to become 1")
             assert query(url, "kappa_exporter_stale == 0")
+            # The shipped alert rules run on this server, over these series, without errors.
+            rules = wait_until(lambda: [r for r in alert_rules(url)
+                                        if r.get("lastEvaluation", "").startswith("2")]
+                               or None, 30, "the alert rules to be evaluated")
+            assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
+            assert not [r for r in rules if r["state"] == "firing"], rules
     finally:
         stop_drivers(service)

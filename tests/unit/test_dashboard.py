@@ -91,8 +91,8 @@ def test_variables(model: dict[str, Any]) -> None:
     assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
     job, version = variables["job"], variables["version"]
     assert job["type"] == version["type"] == "query"
-    assert job["query"] == "label_values(kappa_lag_records, job)"
-    assert version["query"] == 'label_values(kappa_lag_records{job=~"$job"}, version)'
+    assert job["query"] == "label_values(kappa_lag_records, kappa_job)"
+    assert version["query"] == 'label_values(kappa_lag_records{kappa_job=~"$job"}, version)'
     for var in (job, version):
         assert var["multi"] is True and var["includeAll"] is True
         assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -122,10 +122,13 @@ def test_every_panel_queries_the_datasource_variable_with_job_and_version(
             assert expr.count("(") == expr.count(")"), expr
             if panel["title"] in GLOBAL_PANELS:
                 continue
-            assert 'job=~"$job"' in expr and 'version=~"$version"' in expr, expr
+            assert 'kappa_job=~"$job"' in expr and 'version=~"$version"' in expr, expr
             # every selector of the query is filtered, not only the first one
-            for selector in re.findall(r"kappa_[a-z_]+(\{[^}]*\})?", expr):
-                assert 'job=~"$job"' in selector and 'version=~"$version"' in selector, expr
+            for name, selector in re.findall(r"\b(kappa_[a-z_]+)(\{[^}]*\})?", expr):
+                if name == "kappa_job":  # the label, in `by (...)`
+                    continue
+                assert 'kappa_job=~"$job"' in selector and 'version=~"$version"' in selector, \
+                    expr
 
 
 def test_panels_use_only_metrics_the_exporter_exports(model: dict[str, Any]) -> None:
@@ -146,10 +149,11 @@ def test_panels_use_only_metrics_the_exporter_exports(model: dict[str, Any]) -> 
                 for line in generate_latest(registry).decode().splitlines()
                 if line and not line.startswith("#")}
     used = {name for p in _panels(model) for t in p["targets"]
-            for name in re.findall(r"\bkappa_[a-z_]+", t["expr"])}
+            for name in re.findall(r"\bkappa_[a-z_]+", t["expr"]) if name != "kappa_job"}
     assert used <= exported, f"not exported (renamed?): {used - exported}"
     annotations = model["annotations"]["list"]
-    names = {n for a in annotations for n in re.findall(r"\bkappa_[a-z_]+", a["expr"])}
+    names = {n for a in annotations for n in re.findall(r"\bkappa_[a-z_]+", a["expr"])
+             if n != "kappa_job"}
     assert names <= ALIAS_METRICS
 
 
@@ -171,7 +175,8 @@ def test_eta_maps_infinity_to_not_converging(model: dict[str, Any]) -> None:
 
 def test_alias_switches_are_annotations(model: dict[str, Any]) -> None:
     (annotation,) = model["annotations"]["list"]
-    assert annotation["expr"] == 'changes(kappa_alias_switches_total{job=~"$job"}[1m]) > 0'
+    assert annotation["expr"] == \
+        'changes(kappa_alias_switches_total{kappa_job=~"$job"}[1m]) > 0'
     assert annotation["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     assert annotation["enable"] is True
 
@@ -183,7 +188,7 @@ def test_panel_queries_cover_every_target_with_concrete_values(model: dict[str, 
     for (title, expr), (_, template) in zip(queries, targets, strict=True):
         assert "$" not in expr, expr
         if title not in GLOBAL_PANELS:
-            assert 'job=~"pageview_counts"' in expr and 'version=~"v2"' in expr, expr
+            assert 'kappa_job=~"pageview_counts"' in expr and 'version=~"v2"' in expr, expr
         expected = (re.sub(r"\$__(rate_interval|interval|range)\b", "1m", template)
                     .replace("$job", "pageview_counts").replace("$version", "v2"))
         assert expr == expected
@@ -193,7 +198,7 @@ def test_panel_queries_escape_regex_metacharacters() -> None:
     queries = dashboard.panel_queries("a.b", "v(1)")
     expr = queries[0][1]
     # RE2 literal inside a double-quoted PromQL string: the backslash itself is escaped
-    assert 'job=~"a\\\\.b"' in expr and 'version=~"v\\\\(1\\\\)"' in expr, expr
+    assert 'kappa_job=~"a\\\\.b"' in expr and 'version=~"v\\\\(1\\\\)"' in expr, expr
 
 
 def test_provisioning_points_at_the_dashboards_and_the_datasource(model: dict[str, Any]) -> None:

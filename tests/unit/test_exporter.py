@@ -3,9 +3,11 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from orchestrator.errors import ConfigError
 from orchestrator.metrics.exporter import KappaCollector, Sampler, Snapshot
 from orchestrator.models import PartitionLag, VersionLag
 from orchestrator.states import RunState
@@ -17,9 +19,9 @@ def _lag(eta: float | None) -> VersionLag:
                       10.0, 12.0 if eta is None else 1.0, eta, (part,))
 
 
-def _scrape(sampler: Sampler) -> dict[str, float]:
+def _scrape(sampler: Sampler, job_label: str = "kappa_job") -> dict[str, float]:
     registry = CollectorRegistry()
-    registry.register(KappaCollector(sampler))
+    registry.register(KappaCollector(sampler, job_label))
     samples = {}
     for line in generate_latest(registry).decode().splitlines():
         if line and not line.startswith("#"):
@@ -43,17 +45,18 @@ def test_metrics_follow_prometheus_naming_and_bounded_labels() -> None:
                  "kappa_exporter_refresh_failures_total"):
         assert name in names, name
     assert all("offset=" not in key and "run" not in key for key in got)
-    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
-    assert got['kappa_eta_seconds{job="pageview_counts",version="v2"}'] == 6.7
-    assert got['kappa_state{job="pageview_counts",state="catching_up",version="v2"}'] == 1
-    assert got['kappa_state{job="pageview_counts",state="stalled",version="v2"}'] == 0
+    assert got['kappa_lag_records{kappa_job="pageview_counts",version="v2"}'] == 60
+    assert got['kappa_eta_seconds{kappa_job="pageview_counts",version="v2"}'] == 6.7
+    assert got['kappa_state{kappa_job="pageview_counts",state="catching_up",version="v2"}'] == 1
+    assert got['kappa_state{kappa_job="pageview_counts",state="stalled",version="v2"}'] == 0
     assert got["kappa_exporter_stale"] == 0
 
 
 def test_not_converging_is_infinite_eta() -> None:
     sampler = Sampler(take=lambda: Snapshot((_lag(None),), (), time.time()))
     sampler.refresh()
-    assert math.isinf(_scrape(sampler)['kappa_eta_seconds{job="pageview_counts",version="v2"}'])
+    got = _scrape(sampler)
+    assert math.isinf(got['kappa_eta_seconds{kappa_job="pageview_counts",version="v2"}'])
 
 
 def test_an_outage_keeps_the_last_values_and_marks_them_stale() -> None:
@@ -73,7 +76,7 @@ def test_an_outage_keeps_the_last_values_and_marks_them_stale() -> None:
     got = _scrape(sampler)
     assert got["kappa_exporter_stale"] == 1
     assert got["kappa_exporter_refresh_failures_total"] == 1
-    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
+    assert got['kappa_lag_records{kappa_job="pageview_counts",version="v2"}'] == 60
     assert got["kappa_exporter_last_success_timestamp_seconds"] == taken
 
 
@@ -97,7 +100,7 @@ def test_alias_target_split_and_switches() -> None:
                                             time.time(), (alias,)))
     sampler.refresh()
     got = _scrape(sampler)
-    base = 'alias="pageview_counts",job="pageview_counts"'
+    base = 'alias="pageview_counts",kappa_job="pageview_counts"'
     assert got[f'kappa_alias_split_percent{{{base},version="v1"}}'] == 90
     assert got[f'kappa_alias_split_percent{{{base},version="v2"}}'] == 10
     assert got[f'kappa_alias_target{{{base},version="v3"}}'] == 0
@@ -112,7 +115,7 @@ def test_an_unknown_time_lag_is_no_series_never_zero() -> None:
     sampler.refresh()
     got = _scrape(sampler)
     assert not [k for k in got if k.startswith(("kappa_lag_seconds", "kappa_partition_lag_sec"))]
-    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
+    assert got['kappa_lag_records{kappa_job="pageview_counts",version="v2"}'] == 60
     assert lag.to_json()["lag_seconds"] is None
     assert lag.to_json()["partitions"][0]["lag_seconds"] is None  # type: ignore[index]
 
@@ -147,3 +150,32 @@ def test_the_archive_of_the_current_lineage_is_exported_and_unknown_is_no_series
     assert not [k for k in got if k.startswith("kappa_archive_lag_")
                 and 'partition="1"' in k]  # its log bounds are unknown
     assert got['kappa_archive_segments{partition="1",topic="pageviews"}'] == 0
+
+
+def _failed(version: str, state: RunState) -> Snapshot:
+    from orchestrator.models import VersionStatus
+
+    status = VersionStatus("pageview_counts", version, state, None, None, "t", "d", 1, 0, {}, 0,
+                           None, "the driver exited with 1", 2, None, None)
+    return Snapshot((_lag(1.0),), (status,), time.time())
+
+
+def test_the_job_is_the_kappa_job_label_not_the_one_prometheus_sets() -> None:
+    sampler = Sampler(take=lambda: _failed("v2", RunState.FAILED))
+    sampler.refresh()
+    got = _scrape(sampler)
+    assert not [k for k in got if "{job=" in k or ",job=" in k], got
+    assert got['kappa_run_state{kappa_job="pageview_counts",state="failed",version="v2"}'] == 1
+    assert got['kappa_run_state{kappa_job="pageview_counts",state="live",version="v2"}'] == 0
+    assert sum(v for k, v in got.items() if k.startswith("kappa_run_state{")) == 1
+
+
+def test_the_old_job_label_stays_for_one_release_behind_a_setting() -> None:
+    sampler = Sampler(take=lambda: _failed("v2", RunState.LIVE))
+    sampler.refresh()
+    got = _scrape(sampler, "job")
+    assert got['kappa_lag_records{job="pageview_counts",version="v2"}'] == 60
+    assert got['kappa_run_state{job="pageview_counts",state="live",version="v2"}'] == 1
+    assert not [k for k in got if "kappa_job=" in k]
+    with pytest.raises(ConfigError, match=r"metrics_job_label='service'.*kappa_job"):
+        KappaCollector(sampler, "service")
