@@ -51,6 +51,19 @@ def current_identity(settings: Settings, topics: list[str]) -> LogIdentity | Non
     return identity
 
 
+def bounds_of(settings: Settings, version: DeployedVersion
+              ) -> dict[tuple[str, int], tuple[int, int]] | None:
+    """The (start, end) of every partition the version reads, or None when the broker cannot
+    tell now."""
+    from orchestrator.kafka.offsets import log_bounds
+
+    _, bootstrap = settings.require_services()
+    try:
+        return log_bounds(bootstrap, list(version.spec.topics))
+    except KappaError:
+        return None
+
+
 IDENTITY_TIMEOUT_S = 5.0
 MISSING_RECHECK_S = 1.0
 

@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from orchestrator import monitor
-from orchestrator.catalog import output, runs, versions
+from orchestrator.catalog import events, output, runs, versions
 from orchestrator.errors import (
     KappaError,
     NotFoundError,
@@ -52,7 +52,7 @@ def status(svc: Orchestrator, job: str | None = None, *, exact_rows: bool = True
     scans no table: output rows come from PostgreSQL's statistics, dead letters the batches'
     totals."""
     s = svc.settings
-    with svc._catalog() as conn:
+    with svc.catalog.connection() as conn:
         if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
             raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
         return [status_of(svc, conn, v, exact_rows=exact_rows) for v in
@@ -61,7 +61,7 @@ def status(svc: Orchestrator, job: str | None = None, *, exact_rows: bool = True
 
 def version_status(svc: Orchestrator, job: str, version: str) -> VersionStatus:
     s = svc.settings
-    with svc._catalog() as conn:
+    with svc.catalog.connection() as conn:
         deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
         return status_of(svc, conn, deployed)
 
@@ -134,7 +134,7 @@ def status_of(svc: Orchestrator, conn: psycopg.Connection, v: DeployedVersion, *
             dead = dead_letter_total(conn, s.catalog_schema, v.id)
     identity = monitor.current_identity(s, list(v.spec.topics))
     gone = monitor.log_gone(v, identity)
-    bounds = None if gone else bounds_of(svc, v)
+    bounds = None if gone else monitor.bounds_of(s, v)
     lag = None
     if gone:
         # No lag against a log the version never read.
@@ -190,23 +190,12 @@ def check_liveness(svc: Orchestrator, conn: psycopg.Connection, v: DeployedVersi
     return updated or run
 
 
-def bounds_of(svc: Orchestrator, v: DeployedVersion
-              ) -> dict[tuple[str, int], tuple[int, int]] | None:
-    from orchestrator.kafka.offsets import log_bounds
-
-    _, bootstrap = svc.settings.require_services()
-    try:
-        return log_bounds(bootstrap, list(v.spec.topics))
-    except KappaError:
-        return None
-
-
 def lag(svc: Orchestrator, job: str | None = None, version: str | None = None,
         limits: Thresholds | None = None) -> list[VersionLag]:
     """Measure every (or one) version's lag now, and judge its state from the history."""
     s = svc.settings
     limits = replace(limits or Thresholds(), max_lag_records=s.max_lag_records)
-    with svc._catalog() as conn:
+    with svc.catalog.connection() as conn:
         if job is not None and not versions.job_exists(conn, s.catalog_schema, _job(job)):
             raise NotFoundError(f"unknown job {job!r}: `kappa status` lists deployed jobs")
         chosen = [v for v in versions.list_all(conn, s.catalog_schema, job)
@@ -222,6 +211,35 @@ def lag(svc: Orchestrator, job: str | None = None, version: str | None = None,
                 # process (librdkafka) when a topic it had read was deleted and recreated.
                 result.append(monitor.measure(conn, s, v, run, limits))
         return result
+
+
+def crashed_drivers(svc: Orchestrator) -> list[tuple[str, str, int, str]]:
+    """(job, version, attempt, reason) of every version whose driver ran on this host and
+    died without saying why (killed, out of memory): it should be running and is not."""
+    s = svc.settings
+    here = launcher.this_host()
+    found = []
+    with svc.catalog.connection() as conn:
+        for v in versions.list_all(conn, s.catalog_schema, None):
+            with conn.transaction():
+                run = check_liveness(svc, conn, v, runs.get(conn, s.catalog_schema, v.id))
+            if (run.state == RunState.FAILED and run.host in (None, here)
+                    and (run.reason or "").startswith(CRASHED)):
+                found.append((v.job, v.version, run.attempt, run.reason or ""))
+    return found
+
+
+def record_event(svc: Orchestrator, kind: str, job: str, version: str, **detail: Any) -> None:
+    with svc.catalog.connection() as conn, conn.transaction():
+        events.record(conn, svc.settings.catalog_schema, kind, job=job, version=version,
+                      **detail)
+
+
+def list_events(svc: Orchestrator, job: str | None, version: str | None, limit: int
+                ) -> list[dict[str, object]]:
+    """The newest ``limit`` events, newest first."""
+    with svc.catalog.connection() as conn:
+        return events.list_events(conn, svc.settings.catalog_schema, job, version, limit)
 
 
 def _job(name: str) -> str:

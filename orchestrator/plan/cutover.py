@@ -9,20 +9,44 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import aliases, events
+from orchestrator.catalog.access import CatalogAccess
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError, ServiceUnavailableError, StateError
 from orchestrator.lag import LagState, Thresholds
+from orchestrator.models import VersionLag
 from orchestrator.naming import validate_name
 from orchestrator.plan.stages import Ramp, Stage, Validate, build, from_json, to_json
 
 Say = Callable[[str], None]
+
+
+class SwitchService(Protocol):
+    """What a cutover uses of the service: the catalog, lag, diffs and switches."""
+
+    catalog: CatalogAccess
+
+    def diff(self, job: str, version_a: str, version_b: str) -> DiffReport: ...
+
+    def lag(self, job: str | None = None, version: str | None = None,
+            limits: Thresholds | None = None) -> list[VersionLag]: ...
+
+    def promote(self, job: str, version: str, alias: str | None = None, *, force: bool = False,
+                reason: str | None = None) -> dict[str, Any]: ...
+
+    def ab(self, job: str, version: str, percent: int, alias: str | None = None, *,
+           reason: str | None = None) -> dict[str, Any]: ...
+
+    def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None,
+                 force: bool = False) -> dict[str, Any]: ...
+
 _UNHEALTHY = {LagState.STALLED.value, LagState.STOPPED.value}
 
 
@@ -35,12 +59,14 @@ def describe(stage: Stage) -> str:
 
 
 class Cutover:
-    def __init__(self, service: Any, job: str, version: str, alias: str | None, say: Say):
+    def __init__(self, service: SwitchService, job: str, version: str, alias: str | None,
+                 say: Say):
         self.service, self.say = service, say
+        self.catalog = service.catalog
         self.job = validate_name(job, "job name")
         self.version = validate_name(version, "version")
         self.alias = validate_name(alias or job, "alias")
-        self.schema = service.settings.catalog_schema
+        self.schema = service.catalog.settings.catalog_schema
         self.plan_id = 0
         self.failed_with: str | None = None  # a resumed plan whose check had failed
 
@@ -80,7 +106,7 @@ class Cutover:
     def _check_still_running(self) -> None:
         """Stop if someone rolled back or aborted this plan while it ran (a manual rollback
         during a soak must not be undone by the next ramp step)."""
-        with self.service._catalog() as conn:
+        with self.catalog.connection() as conn:
             row = conn.execute(sql.SQL("SELECT status, reason FROM {} WHERE id = %s").format(
                 qualified(self.schema, "cutover_plans")), (self.plan_id,)).fetchone()
         if row is not None and row[0] != "running":
@@ -91,7 +117,7 @@ class Cutover:
     def abort(self, reason: str) -> int | None:
         """Roll back this version's unfinished cutover plan (its runner was killed or timed
         out, so it could not roll back itself); return the plan's id, or None if none runs."""
-        with self.service._catalog() as conn:
+        with self.catalog.connection() as conn:
             row = conn.execute(sql.SQL(
                 "SELECT id FROM {} WHERE alias = %s AND version = %s AND status = 'running'")
                 .format(qualified(self.schema, "cutover_plans")),
@@ -112,7 +138,7 @@ class Cutover:
             self._soak(stage.seconds)
 
     def _serving(self) -> dict[str, Any]:
-        with self.service._catalog() as conn:
+        with self.catalog.connection() as conn:
             info = aliases.find(conn, self.schema, self.alias)
         if info is None or info["primary"] is None:
             raise StateError(f"alias {self.alias} serves nothing yet: `kappa promote "
@@ -169,7 +195,7 @@ class Cutover:
 
     def _roll_back(self, reason: str) -> None:
         info = None
-        with self.service._catalog() as conn:
+        with self.catalog.connection() as conn:
             info = aliases.find(conn, self.schema, self.alias)
         touched = info is not None and self.version in (info["primary"], info["candidate"])
         if touched:
@@ -184,7 +210,7 @@ class Cutover:
         """The running plan of this alias to resume, or a new one; None when there is nothing
         to cut over (the alias serves the version entirely, and no plan runs)."""
         table = qualified(self.schema, "cutover_plans")
-        with self.service._catalog() as conn, conn.transaction():
+        with self.catalog.connection() as conn, conn.transaction():
             row = conn.execute(sql.SQL(
                 "SELECT id, version, steps, next_step, reason FROM {} WHERE alias = %s "
                 "AND status = 'running' FOR UPDATE").format(table), (self.alias,)).fetchone()
@@ -212,7 +238,7 @@ class Cutover:
         return stages, 0
 
     def _advance(self, next_step: int | None, status: str, reason: str | None = None) -> None:
-        with self.service._catalog() as conn, conn.transaction():
+        with self.catalog.connection() as conn, conn.transaction():
             conn.execute(sql.SQL(
                 "UPDATE {} SET next_step = COALESCE(%s, next_step), status = %s, reason = %s, "
                 "updated_at = now() WHERE id = %s AND status = 'running'").format(

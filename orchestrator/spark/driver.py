@@ -12,10 +12,8 @@ import argparse
 import logging
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
@@ -27,36 +25,24 @@ from orchestrator.failpoints import fail_point
 from orchestrator.kafka.clients import LogClients
 from orchestrator.lag import lag_against
 from orchestrator.logfile import RotatingLog
-from orchestrator.models import KAFKA_COLUMNS, Offsets
-from orchestrator.schema import parse_ddl
+from orchestrator.models import Offsets
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.batch_commit import BatchCommit, connect_catalog
 from orchestrator.spark.checkpoint import Checkpoint
-from orchestrator.spark.failures import (
-    POISON_ATTEMPTS,
-    first_error_line,
-    is_outage,
-    job_error,
-    root_cause,
-    spark_reason,
-)
+from orchestrator.spark.failures import first_error_line
 from orchestrator.spark.heartbeat import Heartbeat
 from orchestrator.spark.jobcode import load_transform, materialize
 from orchestrator.spark.pyspark_path import WORKER_SITE
+from orchestrator.spark.query import JobQuery, unchanged
 from orchestrator.spark.resume import resume_point
+from orchestrator.spark.retries import Retries
 from orchestrator.spark.session import build_session, cluster_cores
-from orchestrator.spark.shape import JobError, shape_output
-from orchestrator.spark.source import SOURCE_NAME, KafkaLogSource, source_options
+from orchestrator.spark.shape import JobError
+from orchestrator.spark.source import KafkaLogSource
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.driver")
-T = TypeVar("T")
 _MAX_CATCH_UP_ROUNDS = 5
-_LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
-_BACKOFF_S = (2, 4, 8, 16, 30)  # then 30 s between retries, for as long as it takes
-_MAX_QUERY_FAILURES = 10
-_FAILURE_WINDOW_S = 600
-_LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
 
 
 class Driver:
@@ -64,12 +50,17 @@ class Driver:
         self.settings = settings
         self.dsn, self.kafka = settings.require_services()
         self.attempt = attempt
-        self.conn = connect_catalog(self.dsn)
+        conn = connect_catalog(self.dsn)
         self.caught_up_recorded = False  # whether caught_up was recorded
-        self.cores = 1  # known once the session is up
         self.log_clients = LogClients(self.kafka)  # kept: a lag check every 2 s, cheap warm
-        deployed = versions.get(self.conn, settings.catalog_schema, job, version_label)
-        self.version = versions.with_code(self.conn, settings.catalog_schema, deployed)
+        deployed = versions.get(conn, settings.catalog_schema, job, version_label)
+        self.version = versions.with_code(conn, settings.catalog_schema, deployed)
+        self.retries = Retries(settings, self.dsn, conn, self.version, attempt)
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        """The driver's catalog connection; an outage replaces it."""
+        return self.retries.conn
 
     def set_state(self, *targets: RunState, reason: str | None = None, **changes: Any) -> None:
         """Record each of ``targets`` in turn in one transaction: no reader sees one between."""
@@ -79,7 +70,7 @@ class Driver:
                                           targets, reason=reason, expect_attempt=self.attempt,
                                           **changes)
 
-        if self._wait_out_outages(change, f"record {targets[-1].value}") is None:
+        if self.retries.wait_out_outages(change, f"record {targets[-1].value}") is None:
             raise StaleDriverError(f"attempt {self.attempt} was replaced; exiting")
 
     def run(self) -> None:
@@ -89,34 +80,35 @@ class Driver:
             p for p in (str(code), WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
         spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}")
         spark.dataSource.register(KafkaLogSource)
-        self.cores = cluster_cores(s, spark)
-        spark.conf.set("spark.sql.shuffle.partitions", str(self.cores))
+        cores = cluster_cores(s, spark)
+        spark.conf.set("spark.sql.shuffle.partitions", str(cores))
         try:
-            self.transform = load_transform(self.version, code, spark)
+            transform = load_transform(self.version, code, spark)
         except JobFileError as exc:
             raise JobError(str(exc)) from exc
-        self._wait_out_outages(self._upgrade_tables, "prepare the output tables")
+        self.retries.wait_out_outages(self._upgrade_tables, "prepare the output tables")
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
-        self.start_offsets = self._wait_out_outages(
+        start_offsets = self.retries.wait_out_outages(
             lambda: resume_point(self.conn, s.catalog_schema, self.version, self.kafka,
                                  checkpoint), "find where to resume")
-        self.quarantine = self._wait_out_outages(
+        query = JobQuery(s, self.version, self.kafka, transform, cores, start_offsets)
+        quarantine = self.retries.wait_out_outages(
             lambda: runs.quarantine_batch(self.conn, s.catalog_schema, self.version.id),
             "read the quarantine")
         self.set_state(RunState.REPLAYING, app_id=spark.sparkContext.applicationId)
         heartbeat = Heartbeat(s, self.dsn, self.version.id, self.attempt)
         heartbeat.start()
-        sink_conn = self._wait_out_outages(lambda: connect_catalog(self.dsn),
-                                           "connect to the catalog")
+        sink_conn = self.retries.wait_out_outages(lambda: connect_catalog(self.dsn),
+                                                  "connect to the catalog")
         sink = BatchCommit(s, self.version, self.attempt, sink_conn,
-                           self._batch_transform if self.version.spec.mode == "batch"
-                           else _unchanged, self.kafka, checkpoint, self.start_offsets,
-                           quarantine=self.quarantine)
+                           query.batch_transform if self.version.spec.mode == "batch"
+                           else unchanged, self.kafka, checkpoint, start_offsets,
+                           quarantine=quarantine)
         sink.heartbeat = heartbeat
 
         behind: int | None = None
         for round_ in range(_MAX_CATCH_UP_ROUNDS):
-            self._run_resilient(spark, sink, live=False)
+            self.retries.run_resilient(lambda: query.run(spark, sink, live=False), sink)
             try:
                 # The catalog's outages are waited out here as inside the query; the broker's
                 # are not: the live query waits for the broker itself.
@@ -135,7 +127,8 @@ class Driver:
             # and the state changes once a measured lag is within the limit.
             log.info("going live %s records behind; caught_up is recorded once the measured lag "
                      "is at most %d", "?" if behind is None else behind, s.max_lag_records)
-        self._run_resilient(spark, sink, live=True)
+        self.retries.run_resilient(
+            lambda: query.run(spark, sink, live=True, tick=self._check_caught_up), sink)
 
     def _caught_up(self, behind: int) -> None:
         log.info("caught up: %d records behind the log end (at most %d)", behind,
@@ -149,7 +142,7 @@ class Driver:
         if self.caught_up_recorded:
             return
         try:
-            self.reconnect()
+            self.retries.reconnect()
             behind = self._lag()
             if behind <= self.settings.max_lag_records:
                 self._caught_up(behind)
@@ -166,173 +159,6 @@ class Driver:
             upgrade_dead_letters(self.conn, self.settings.data_schema,
                                  self.version.dead_letter_table)
 
-    def _wait_out_outages(self, step: Callable[[], T], doing: str) -> T:
-        """Run ``step`` until no outage stops it, on a fresh connection after each. A broker
-        that comes up after the drivers (a host's reboot) is waited for, however long, as it
-        is once the query runs; so is a PostgreSQL that restarts between two of the driver's
-        own catalog statements (its connection is then closed under it)."""
-        retries = 0
-        while True:
-            try:
-                self.reconnect()
-                if retries:  # the noted reason no longer holds (before a step that sets one)
-                    self._note_retry(None)
-                return step()
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                if isinstance(exc, psycopg.Error):
-                    self.conn.close()  # the next try connects anew
-                retries += 1
-                delay = _BACKOFF_S[min(retries, len(_BACKOFF_S)) - 1]
-                log.warning("cannot %s yet (unreachable service: %s); trying again in %ds "
-                            "(retry %d)", doing, root_cause(exc), delay, retries)
-                self._note_retry(f"retrying after unreachable service (to {doing}): "
-                                 f"{root_cause(exc)}")
-                time.sleep(delay)
-
-    def _run_resilient(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
-        """Run a query; when it fails, restart it from the checkpoint after a pause that grows
-        to a cap. Exactly-once makes that safe.
-
-        - An outage (PostgreSQL or the broker unreachable) is waited out, however long.
-        - A batch that fails ``POISON_ATTEMPTS`` times for another reason fails the driver,
-          with its offsets, the error and the remedy (a poison batch).
-        - Other failures (outside any batch) fail it after too many in ten minutes.
-        - A mistake in the job's code fails it at once: running it again cannot help."""
-        failures: list[float] = []
-        retries, commits = 0, sink.commits
-        while True:
-            try:
-                self._run_query(spark, sink, live=live)
-                return
-            except Exception as exc:
-                if sink.commits != commits:  # progress since the last failure: start over
-                    retries, commits = 0, sink.commits
-                if sink.stale or "StaleDriverError" in str(exc):
-                    raise
-                mistake = job_error(exc)
-                if mistake is not None:
-                    raise mistake from exc
-                v = self.version
-                poison = sink.failure
-                if poison is not None and poison.attempts >= POISON_ATTEMPTS:
-                    raise JobError(poison.reason(v.job, v.version)) from exc
-                outage = is_outage(exc)
-                now = time.monotonic()
-                if not outage and poison is None:
-                    failures = [t for t in failures if now - t < _FAILURE_WINDOW_S] + [now]
-                    if len(failures) > _MAX_QUERY_FAILURES:
-                        raise
-                retries += 1
-                delay = _BACKOFF_S[min(retries, len(_BACKOFF_S)) - 1]
-                what = "unreachable service" if outage else "failure"
-                log.warning("query failed (%s: %s); restarting it from the checkpoint in %ds "
-                            "(retry %d)", what, root_cause(exc), delay, retries)
-                sink.retry_noted = self._note_retry(f"retrying after {what}: {root_cause(exc)}")
-                time.sleep(delay)
-                self._wait_out_outages(sink.reconnect, "reconnect to the catalog")
-
-    def _note_retry(self, reason: str | None) -> bool:
-        """Best effort: show why the version makes no progress (`kappa status`), if the catalog
-        can be reached at all; None clears it."""
-        try:
-            self.reconnect()
-            with self.conn.transaction():
-                runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
-                                 self.attempt, reason and reason[:500])
-        except psycopg.Error:
-            self.conn.close()
-            return False
-        return True
-
-    def reconnect(self) -> None:
-        if self.conn.closed or self.conn.broken:
-            self.conn = connect_catalog(self.dsn)
-
-    def _streams(self, spark: Any, *, live: bool) -> dict[str, Any]:
-        """One streaming DataFrame per topic, each from its own source."""
-        s, v = self.settings, self.version
-        streams = {}
-        for source in v.spec.inputs:
-            options = source_options(
-                kafka=self.kafka, source=source, group_id=v.consumer_group,
-                start_offsets=self.start_offsets,
-                chunk_records=_LIVE_CHUNK if live else s.chunk_records,
-                max_batch_records=s.max_batch_records, version_id=v.id,
-                catalog_schema=s.catalog_schema, job=v.job, version=v.version,
-                cores=self.cores, log_identity=v.log_identity)
-            streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
-        return streams
-
-    def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
-        """The streaming DataFrame the sink receives, and Spark's output mode."""
-        spec = self.version.spec
-        streams = self._streams(spark, live=live)
-        if spec.mode == "batch":
-            # The transform runs per batch, in the sink: the query only reads.
-            return _union(list(streams.values())), "append"
-        events: Any = streams if spec.per_topic else _union(list(streams.values()))
-        try:
-            output = self.transform(events)
-        except Exception as exc:
-            raise JobError(f"{spec.name} {spec.version}: transform() raised "
-                           f"{type(exc).__name__}: {spark_reason(exc)}; fix the job and "
-                           "redeploy under a new VERSION") from exc
-        if not getattr(output, "isStreaming", False):
-            raise JobError(f"{spec.name} {spec.version}: transform() returned a "
-                           f"{type(output).__name__} that is not a streaming DataFrame, but "
-                           "MODE is \"stream\": build the result from the streaming events it "
-                           "gets (no spark.read, collect() or toPandas()), or drop MODE")
-        return shape_output(output, spec), ("update" if spec.output_mode == "upsert"
-                                            else "append")
-
-    def _batch_transform(self, df: Any) -> Any:
-        """A batch job's transform of one micro-batch, given one DataFrame per topic if the
-        job declared EVENT_SCHEMAS, shaped for the stage table."""
-        from pyspark.sql import functions as F
-
-        spec = self.version.spec
-        if not spec.per_topic:
-            return shape_output(self.transform(df), spec)
-        per_topic = {}
-        for source in spec.inputs:
-            fields = [name for name, _ in parse_ddl(source.schema).fields]
-            per_topic[source.topic] = df.where(F.col("kafka_topic") == source.topic).select(
-                *KAFKA_COLUMNS, *fields)
-        return shape_output(self.transform(per_topic), spec)
-
-    def _run_query(self, spark: Any, sink: BatchCommit, *, live: bool) -> None:
-        s, v = self.settings, self.version
-        stream, output_mode = self._query(spark, live=live)
-        writer = (stream.writeStream.outputMode(output_mode).foreachBatch(sink)
-                  .option("checkpointLocation", v.checkpoint_dir)
-                  .queryName(f"{v.job}__{v.version}__{'live' if live else 'catchup'}"))
-        if live:
-            writer = writer.trigger(processingTime=f"{s.live_trigger_seconds} seconds")
-        else:
-            writer = writer.trigger(availableNow=True)
-        tick = self._check_caught_up if live else None
-        try:
-            query = writer.start()
-        except Exception as exc:
-            if "AnalysisException" not in type(exc).__name__:
-                raise
-            hint = ("an aggregation without a watermark needs OUTPUT_MODE \"upsert\"; redeploy "
-                    "under a new VERSION" if "output mode" in str(exc).lower()
-                    else "fix transform() and redeploy under a new VERSION")
-            raise JobError(f"{v.job} {v.version}: Spark cannot run transform()'s query with "
-                           f"OUTPUT_MODE \"{v.spec.output_mode}\": {spark_reason(exc)}; "
-                           f"{hint}") from exc
-        try:
-            # Raises if the query failed; False while it runs on.
-            while not query.awaitTermination(_LAG_CHECK_S):
-                if tick is not None:
-                    tick()
-        except StaleDriverError:
-            query.stop()
-            raise
-
     def _lag(self, *, wait_for_catalog: bool = False) -> int:
         fail_point("driver.measure_lag")
 
@@ -341,21 +167,9 @@ class Driver:
                 return runs.processed_offsets(self.conn, self.settings.catalog_schema,
                                               self.version.id)
 
-        processed = (self._wait_out_outages(processed_offsets, "read the processed offsets")
+        processed = (self.retries.wait_out_outages(processed_offsets, "read the processed offsets")
                      if wait_for_catalog else processed_offsets())
         return lag_against(processed, self.log_clients.bounds(list(self.version.spec.topics)))
-
-
-def _unchanged(df: Any) -> Any:
-    return df
-
-
-def _union(streams: list[Any]) -> Any:
-    """One DataFrame of several topics' events; columns a topic lacks are null."""
-    first, *rest = streams
-    for other in rest:
-        first = first.unionByName(other, allowMissingColumns=True)
-    return first
 
 
 def main(argv: list[str] | None = None) -> int:

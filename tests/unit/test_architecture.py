@@ -73,3 +73,26 @@ def test_layers_import_downwards_only() -> None:
         for path in (PACKAGE / sub).rglob("*.py"):
             imported = _imports(path, top_level_only=False)
             assert not {i for i in imported if any(i.startswith(u) for u in upper)}, path
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+def test_the_facade_only_delegates_and_fits_on_two_screens() -> None:
+    tree = ast.parse((PACKAGE / "service.py").read_text())
+    (facade,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Orchestrator"]
+    assert facade.end_lineno is not None
+    assert facade.end_lineno - facade.lineno + 1 <= 140
+    for method in facade.body:
+        if isinstance(method, ast.FunctionDef):
+            body = [s for s in method.body if not isinstance(s, ast.Expr)]  # docstrings aside
+            assert len(body) <= 3, f"Orchestrator.{method.name} does more than delegate"
+
+
+def test_plans_use_the_catalog_without_reaching_into_the_facade() -> None:
+    for path in (PACKAGE / "plan").rglob("*.py"):
+        assert "orchestrator.service" not in _imports(path, top_level_only=False), path
+        assert "._catalog(" not in path.read_text(), path

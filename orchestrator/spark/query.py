@@ -1,0 +1,124 @@
+"""A version's streaming query: one source per topic, the job's transform, the foreachBatch
+sink, and the trigger of its phase (available-now while catching up, a processing-time trigger
+once live)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.catalog.batches import StaleDriverError
+from orchestrator.kafka_endpoint import KafkaEndpoint
+from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets
+from orchestrator.schema import parse_ddl
+from orchestrator.settings import Settings
+from orchestrator.spark.batch_commit import BatchCommit
+from orchestrator.spark.failures import spark_reason
+from orchestrator.spark.shape import JobError, shape_output
+from orchestrator.spark.source import SOURCE_NAME, source_options
+
+LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
+LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
+
+
+class JobQuery:
+    def __init__(self, settings: Settings, version: DeployedVersion, kafka: KafkaEndpoint,
+                 transform: Callable[..., Any], cores: int, start_offsets: Offsets):
+        self.settings, self.version, self.kafka = settings, version, kafka
+        self.transform, self.cores, self.start_offsets = transform, cores, start_offsets
+
+    def run(self, spark: Any, sink: BatchCommit, *, live: bool,
+            tick: Callable[[], None] | None = None) -> None:
+        """Run the query until it ends (catch-up) or fails; ``tick`` every LAG_CHECK_S."""
+        s, v = self.settings, self.version
+        stream, output_mode = self._query(spark, live=live)
+        writer = (stream.writeStream.outputMode(output_mode).foreachBatch(sink)
+                  .option("checkpointLocation", v.checkpoint_dir)
+                  .queryName(f"{v.job}__{v.version}__{'live' if live else 'catchup'}"))
+        if live:
+            writer = writer.trigger(processingTime=f"{s.live_trigger_seconds} seconds")
+        else:
+            writer = writer.trigger(availableNow=True)
+        try:
+            query = writer.start()
+        except Exception as exc:
+            if "AnalysisException" not in type(exc).__name__:
+                raise
+            hint = ("an aggregation without a watermark needs OUTPUT_MODE \"upsert\"; redeploy "
+                    "under a new VERSION" if "output mode" in str(exc).lower()
+                    else "fix transform() and redeploy under a new VERSION")
+            raise JobError(f"{v.job} {v.version}: Spark cannot run transform()'s query with "
+                           f"OUTPUT_MODE \"{v.spec.output_mode}\": {spark_reason(exc)}; "
+                           f"{hint}") from exc
+        try:
+            # Raises if the query failed; False while it runs on.
+            while not query.awaitTermination(LAG_CHECK_S):
+                if tick is not None:
+                    tick()
+        except StaleDriverError:
+            query.stop()
+            raise
+
+    def batch_transform(self, df: Any) -> Any:
+        """A batch job's transform of one micro-batch, given one DataFrame per topic if the
+        job declared EVENT_SCHEMAS, shaped for the stage table."""
+        from pyspark.sql import functions as F
+
+        spec = self.version.spec
+        if not spec.per_topic:
+            return shape_output(self.transform(df), spec)
+        per_topic = {}
+        for source in spec.inputs:
+            fields = [name for name, _ in parse_ddl(source.schema).fields]
+            per_topic[source.topic] = df.where(F.col("kafka_topic") == source.topic).select(
+                *KAFKA_COLUMNS, *fields)
+        return shape_output(self.transform(per_topic), spec)
+
+    def _streams(self, spark: Any, *, live: bool) -> dict[str, Any]:
+        """One streaming DataFrame per topic, each from its own source."""
+        s, v = self.settings, self.version
+        streams = {}
+        for source in v.spec.inputs:
+            options = source_options(
+                kafka=self.kafka, source=source, group_id=v.consumer_group,
+                start_offsets=self.start_offsets,
+                chunk_records=LIVE_CHUNK if live else s.chunk_records,
+                max_batch_records=s.max_batch_records, version_id=v.id,
+                catalog_schema=s.catalog_schema, job=v.job, version=v.version,
+                cores=self.cores, log_identity=v.log_identity)
+            streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
+        return streams
+
+    def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
+        """The streaming DataFrame the sink receives, and Spark's output mode."""
+        spec = self.version.spec
+        streams = self._streams(spark, live=live)
+        if spec.mode == "batch":
+            # The transform runs per batch, in the sink: the query only reads.
+            return union(list(streams.values())), "append"
+        events: Any = streams if spec.per_topic else union(list(streams.values()))
+        try:
+            output = self.transform(events)
+        except Exception as exc:
+            raise JobError(f"{spec.name} {spec.version}: transform() raised "
+                           f"{type(exc).__name__}: {spark_reason(exc)}; fix the job and "
+                           "redeploy under a new VERSION") from exc
+        if not getattr(output, "isStreaming", False):
+            raise JobError(f"{spec.name} {spec.version}: transform() returned a "
+                           f"{type(output).__name__} that is not a streaming DataFrame, but "
+                           "MODE is \"stream\": build the result from the streaming events it "
+                           "gets (no spark.read, collect() or toPandas()), or drop MODE")
+        return shape_output(output, spec), ("update" if spec.output_mode == "upsert"
+                                            else "append")
+
+
+def unchanged(df: Any) -> Any:
+    return df
+
+
+def union(streams: list[Any]) -> Any:
+    """One DataFrame of several topics' events; columns a topic lacks are null."""
+    first, *rest = streams
+    for other in rest:
+        first = first.unionByName(other, allowMissingColumns=True)
+    return first
