@@ -69,8 +69,8 @@ def _live(state: Path, rate: float, seconds: float) -> dict[str, Any]:
                                                      "--count", str(int(rate * seconds)),
                                                      "--rate", f"{rate:g}", "--seed", "9"))
     producer.start()
-    version_max: float = 0.0
-    archive_max: float = 0.0
+    version_lags: list[float] = []
+    archive_lags: list[float] = []
     unknown = samples = 0
     time.sleep(5)  # the first records reach the versions
     failures: list[str] = []
@@ -83,14 +83,26 @@ def _live(state: Path, rate: float, seconds: float) -> dict[str, Any]:
         samples += 1
         if None in versions or archive is None:
             unknown += 1
-        version_max = max([version_max, *(v for v in versions if v is not None)])
-        archive_max = max(archive_max, archive or 0.0)
+        version_lags.extend(v for v in versions if v is not None)
+        if archive is not None:
+            archive_lags.append(archive)
         time.sleep(2)
     producer.join()
     return {"samples": samples, "unknown_samples": unknown, "failed_samples": failures[:5],
             "failed_sample_count": len(failures),
-            "versions_max_lag_s": round(version_max, 1),
-            "archive_max_lag_s": round(archive_max, 1)}
+            "versions_max_lag_s": _quantile(version_lags, 1.0),
+            "versions_p50_p90_p99_lag_s": [_quantile(version_lags, q) for q in (.5, .9, .99)],
+            "versions_samples_over_5s": sum(lag > 5 for lag in version_lags),
+            "archive_max_lag_s": _quantile(archive_lags, 1.0),
+            "archive_p50_p90_lag_s": [_quantile(archive_lags, q) for q in (.5, .9)]}
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The nearest-rank quantile; None (unknown) without samples."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))], 1)
 
 
 def _exact(state: Path) -> bool:
