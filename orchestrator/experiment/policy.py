@@ -1,0 +1,119 @@
+"""The cutover's decisions from the evidence (pure).
+
+- Roll back at once when a guardrail is worse than the baseline beyond its margin, or a
+  decision metric is worse at all.
+- Promote when every decision metric is better and every guardrail is shown no worse than its
+  margin; or, where the design allows it, when every metric is non-inferior.
+- At the deadline, promote only a candidate that is non-inferior on every metric; roll back
+  otherwise.
+- Never decide on no data: a metric without enough observations holds the test in no_data.
+
+Each metric is tested at alpha divided by the number of metrics (Bonferroni), so the chance of
+any false decision stays at most alpha.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.experiment.metrics import OutcomeMetric, Role
+from orchestrator.experiment.sequential import ArmSummary, Comparison, Stratum, compare, totals
+
+_AT_LEAST_NON_INFERIOR = ("better", "non_inferior")
+
+
+class Verdict(enum.Enum):
+    CONTINUE = "continue"
+    NO_DATA = "no_data"
+    PROMOTE = "promote"
+    ROLL_BACK = "roll_back"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    metric: OutcomeMetric
+    baseline: ArmSummary
+    candidate: ArmSummary
+    comparison: Comparison | None
+    margin: float  # absolute: the relative margin times the baseline's mean
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The interval of the improvement (in the better direction)."""
+        c = self.comparison
+        if c is None:
+            return None
+        low, high = self.metric.improvement(c.low), self.metric.improvement(c.high)
+        return min(low, high), max(low, high)
+
+    @property
+    def outcome(self) -> str:
+        bounds = self.bounds
+        if bounds is None:
+            return "no_data"
+        low, high = bounds
+        if high < -self.margin:
+            return "worse_beyond_margin"
+        if high < 0:
+            return "worse"
+        if low > 0:
+            return "better"
+        if low > -self.margin:
+            return "non_inferior"
+        return "undecided"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    judgements: tuple[Judgement, ...]
+
+
+def judge(metric: OutcomeMetric, strata: Sequence[Stratum], *, alpha: float,
+          mixture_sd: float, min_per_arm: int) -> Judgement:
+    """``strata``: (baseline, candidate) per span of the alias's routing."""
+    comparison = compare(strata, alpha=alpha, mixture_sd=mixture_sd, min_per_arm=min_per_arm)
+    baseline, candidate = totals(strata)
+    base = baseline.mean
+    return Judgement(metric, baseline, candidate, comparison,
+                     metric.margin * abs(base) if base is not None else 0.0)
+
+
+def decide(judgements: Sequence[Judgement], *, at_deadline: bool = False,
+           allow_non_inferior: bool = False) -> Decision:
+    found = tuple(judgements)
+
+    def named(role: Role, *outcomes: str) -> list[str]:
+        return [j.metric.name for j in found if j.metric.role == role and j.outcome in outcomes]
+
+    bad_guards = named(Role.GUARDRAIL, "worse_beyond_margin")
+    if bad_guards:
+        return Decision(Verdict.ROLL_BACK, f"guardrail {', '.join(bad_guards)} worse than the "
+                        "baseline beyond its margin", found)
+    worse = named(Role.DECISION, "worse", "worse_beyond_margin")
+    if worse:
+        return Decision(Verdict.ROLL_BACK, f"{', '.join(worse)} worse than the baseline", found)
+    deciding = [j for j in found if j.metric.role == Role.DECISION]
+    guards = [j for j in found if j.metric.role == Role.GUARDRAIL]
+    guards_hold = all(j.outcome in _AT_LEAST_NON_INFERIOR for j in guards)
+    missing = [j.metric.name for j in found if j.outcome == "no_data"]
+    if deciding and guards_hold and all(j.outcome == "better" for j in deciding):
+        return Decision(Verdict.PROMOTE, f"{', '.join(j.metric.name for j in deciding)} better "
+                        "than the baseline" + (", guardrails within their margins" if guards
+                                               else ""), found)
+    non_inferior = guards_hold and all(j.outcome in _AT_LEAST_NON_INFERIOR for j in deciding)
+    if non_inferior and allow_non_inferior:
+        return Decision(Verdict.PROMOTE, "every metric non-inferior within its margin", found)
+    if at_deadline:
+        if non_inferior:
+            return Decision(Verdict.PROMOTE, "at the deadline: every metric non-inferior within "
+                            "its margin", found)
+        return Decision(Verdict.ROLL_BACK, "at the deadline: not shown non-inferior"
+                        + (f" (no data: {', '.join(missing)})" if missing else ""), found)
+    if missing:
+        return Decision(Verdict.NO_DATA, f"not enough observations yet: {', '.join(missing)}",
+                        found)
+    return Decision(Verdict.CONTINUE, "no metric decided yet", found)
