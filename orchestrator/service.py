@@ -13,9 +13,12 @@ import psycopg
 from orchestrator import archiving, deploying, lifecycle, reporting, restarting, sample_data
 from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog.access import CatalogAccess
+from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.lag import Thresholds
 from orchestrator.lifecycle import DeployResult, checkpoint_location
 from orchestrator.models import AliasState, VersionLag, VersionStatus
+from orchestrator.outcome_desk import OutcomeDesk
+from orchestrator.plan.cutover import Cutover
 from orchestrator.reporting import CRASHED, Progress
 from orchestrator.settings import Settings, load_settings
 from orchestrator.switch_desk import SwitchDesk
@@ -28,7 +31,8 @@ class Orchestrator:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or load_settings()
         self.catalog = CatalogAccess(self.settings)
-        self.switches = SwitchDesk(self.catalog)
+        # Switches of aliases; outcome metrics and the outcome cutovers' evidence.
+        self.switches, self.outcomes = SwitchDesk(self.catalog), OutcomeDesk(self.catalog)
 
     def _catalog(self) -> AbstractContextManager[psycopg.Connection]:
         """A catalog connection, for tools and tests that read the catalog themselves."""
@@ -118,17 +122,14 @@ class Orchestrator:
         return self.switches.retire(job, version, drop=drop)
 
     def cutover(self, job: str, version: str, *, ramp: list[int], soak_seconds: float,
-                alias: str | None = None, say: Callable[[str], None] | None = None
-                ) -> dict[str, Any]:
-        from orchestrator.plan.cutover import Cutover
-
-        return Cutover(self, job, version, alias, say or (lambda _: None)).run(ramp,
-                                                                             soak_seconds)
+                alias: str | None = None, say: Callable[[str], None] | None = None,
+                experiment: ExperimentDesign | None = None) -> dict[str, Any]:
+        """Ramp with soaks; or, given an ``experiment``, test by the readers' outcomes."""
+        plan = Cutover(self, job, version, alias, say or (lambda _: None))
+        return plan.run_experiment(experiment) if experiment else plan.run(ramp, soak_seconds)
 
     def abort_cutover(self, job: str, version: str, *, reason: str, alias: str | None = None
                       ) -> int | None:
-        from orchestrator.plan.cutover import Cutover
-
         return Cutover(self, job, version, alias, lambda _: None).abort(reason)
 
     def cutover_in_progress(self, job: str, alias: str | None = None) -> dict[str, Any] | None:

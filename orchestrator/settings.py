@@ -86,6 +86,12 @@ class Settings:
     # The exporter's label naming a kappa job: "kappa_job", or "job" as before this release
     # (scraped with honor_labels: true; the dashboard and the alert rules use kappa_job).
     metrics_job_label: str = "kappa_job"
+    # Where outcome metrics' SQL runs (the application's own database); default: pg_dsn.
+    outcomes_pg_dsn: str | None = field(default=None, repr=False)
+    metric_statement_timeout_ms: int = 10_000  # an outcome metric's query is cancelled after it
+    # A column of every alias view that names the version serving the row (e.g. "served_by"),
+    # for applications that label their outcomes by it; None: no such column.
+    alias_version_column: str | None = None
 
     @property
     def dev_stack_file(self) -> Path:

@@ -216,7 +216,8 @@ class Switchboard:
         views.define_view(self.conn, catalog_schema=self.s.catalog_schema,
                           data_schema=self.s.data_schema, serving_schema=self.s.serving_schema,
                           reader_role=self.s.reader_role, alias=alias, versions=branch,
-                          replace_columns=reshaped or not current)
+                          replace_columns=reshaped or not current,
+                          version_column=self.s.alias_version_column)
         return [v.version for v in branch]
 
     def refresh_views(self, job: str) -> None:
@@ -240,7 +241,8 @@ class Switchboard:
                                   data_schema=self.s.data_schema,
                                   serving_schema=self.s.serving_schema,
                                   reader_role=self.s.reader_role, alias=name, versions=branch,
-                                  replace_columns=False)
+                                  replace_columns=False,
+                                  version_column=self.s.alias_version_column)
                 aliases.save(self.conn, schema, routing, [v.version for v in branch])
 
     # Validation ----------------------------------------------------------------------------
@@ -302,7 +304,8 @@ class Switchboard:
                                       data_schema=self.s.data_schema,
                                       serving_schema=self.s.serving_schema,
                                       reader_role=self.s.reader_role, alias=name,
-                                      versions=keep, replace_columns=False)
+                                      versions=keep, replace_columns=False,
+                                      version_column=self.s.alias_version_column)
                 aliases.save(self.conn, schema, routing, [v.version for v in keep])
         with self.conn.transaction():
             self.conn.execute("SET LOCAL lock_timeout = '5s'")

@@ -17,6 +17,7 @@ from psycopg import sql
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError
 from orchestrator.models import DeployedVersion
+from orchestrator.naming import validate_name
 
 LOCK_TIMEOUT_MS = 500
 ATTEMPTS = 40
@@ -35,10 +36,20 @@ def _key_text(keys: Sequence[str]) -> sql.Composable:
 
 
 def view_query(catalog_schema: str, data_schema: str, alias: str,
-               versions: Sequence[DeployedVersion]) -> sql.Composed:
+               versions: Sequence[DeployedVersion], version_column: str | None = None
+               ) -> sql.Composed:
+    """``version_column``: a last column naming the version that serves the row."""
     spec = versions[0].spec
     columns = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
                                  for c in spec.output_columns)
+    named = None if version_column is None else sql.Identifier(
+        validate_name(version_column, "alias_version_column"))
+
+    def selected(version: str) -> sql.Composable:
+        if named is None:
+            return columns
+        return sql.SQL("{}, {}::text AS {}").format(columns, sql.Literal(version), named)
+
     bucket = sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
                                                  _key_text(spec.key_columns))
     branches = [
@@ -46,7 +57,7 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
             "SELECT {columns} FROM {table} AS t CROSS JOIN {aliases} AS a "
             "WHERE a.name = {alias} AND ((a.primary_version = {version} AND {bucket} >= a.percent)"
             " OR (a.candidate_version = {version} AND {bucket} < a.percent))"
-        ).format(columns=columns, table=qualified(data_schema, v.output_table),
+        ).format(columns=selected(v.version), table=qualified(data_schema, v.output_table),
                  aliases=qualified(catalog_schema, "aliases"), alias=sql.Literal(alias),
                  version=sql.Literal(v.version), bucket=bucket)
         for v in versions
@@ -56,14 +67,15 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
 
 def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: str,
                 serving_schema: str, reader_role: str, alias: str,
-                versions: Sequence[DeployedVersion], replace_columns: bool) -> None:
+                versions: Sequence[DeployedVersion], replace_columns: bool,
+                version_column: str | None = None) -> None:
     """(Re)define the view inside the caller's transaction, with bounded lock waits.
 
     ``replace_columns``: the columns change, so the view is dropped and created (grants are given
     again in the same transaction); otherwise CREATE OR REPLACE keeps them.
     """
     view = qualified(serving_schema, alias)
-    body = view_query(catalog_schema, data_schema, alias, versions)
+    body = view_query(catalog_schema, data_schema, alias, versions, version_column)
     for attempt in range(1, ATTEMPTS + 1):
         try:
             with conn.transaction():  # a savepoint: a lock timeout undoes only this attempt

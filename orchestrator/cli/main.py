@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from orchestrator.cli import outcomes as outcome_commands
 from orchestrator.cli.output import ProgressBar, print_error, print_json, status_table, table
 from orchestrator.errors import KappaError
 
@@ -101,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
                   "version", alias=True)
     co.add_argument("--ramp", default="10,50,100", help="percentages, e.g. 10,50,100")
     co.add_argument("--soak", type=float, default=60.0, help="seconds at each step")
+    outcome_commands.add_cutover_options(co)
+    outcome_commands.add_commands(sub, _command)
 
     _command(sub, "history", "every switch of the job's aliases", "job", alias=True)
     _command(sub, "diff", "compare two versions' tables by key; run guardrails", "job",
@@ -214,13 +217,16 @@ def run(args: argparse.Namespace) -> int:
             raise KappaError(f"--ramp takes percentages like 10,50,100, not {args.ramp!r}") \
                 from exc
         plan = service.cutover(args.job, args.version, ramp=ramp, soak_seconds=args.soak,
-                               alias=args.alias, say=None if args.json else print)
+                               alias=args.alias, say=None if args.json else print,
+                               experiment=outcome_commands.design(args))
         if args.json:
             print_json(plan)
         elif plan["status"] != "already_serving":  # the plan said so already
             print(f"cutover plan {plan['plan']} succeeded: {plan['alias']} serves "
                   f"{plan['version']}")
         return 0
+    if cmd in ("metric", "experiment"):
+        return outcome_commands.run(service, args)
     if cmd in ("promote", "ab", "rollback", "history", "diff", "retire"):
         from orchestrator.cli.aliases import run_alias_command
 

@@ -61,3 +61,23 @@ def attribute(observations: Iterable[Observation], spans: Sequence[RoutingSpan],
         if arm in values:
             values[arm].append(obs.value)
     return values
+
+
+def span_after(at: datetime, action: str, from_version: str | None, to_version: str | None,
+               percent: int) -> RoutingSpan:
+    """The routing that one switch of the alias's history left, from its instant on: an A/B
+    keeps the primary and serves ``percent`` of the keys from its target; a promote and a
+    rollback serve every key from theirs."""
+    if action == "ab":
+        return RoutingSpan(at, from_version, to_version, percent)
+    return RoutingSpan(at, to_version, None, 0)
+
+
+def spans_since(spans: Sequence[RoutingSpan], since: datetime) -> list[RoutingSpan]:
+    """The spans that cover ``since`` and after: the one in force at ``since`` starts there."""
+    index = bisect.bisect_right([s.start for s in spans], since) - 1
+    kept = list(spans[max(index, 0):])
+    if index >= 0:
+        first = kept[0]
+        kept[0] = RoutingSpan(since, first.primary, first.candidate, first.percent)
+    return kept

@@ -38,11 +38,15 @@ def take_look(design: ExperimentDesign, metrics: Sequence[OutcomeMetric],
         decision = Decision(Verdict.ROLL_BACK, f"no usable evidence for {silent_s:.0f} s "
                             f"({decision.reason}); the policy rolls back on no data",
                             decision.judgements)
-    if design.strategy != Strategy.BANDIT or decision.verdict != Verdict.CONTINUE:
+    if design.strategy != Strategy.BANDIT or decision.verdict not in (Verdict.CONTINUE,
+                                                                       Verdict.NO_DATA):
         return Look(decision, percent, None)
-    # Thompson sampling on the first decision metric; shares move only on evidence that every
-    # metric could be judged on (never on no data).
+    # Thompson sampling on the first decision metric. Its posterior is exact at any count, so
+    # the share moves as soon as both arms have observations (a decision waits for
+    # ``min_per_arm``); a metric whose query failed has none, and the share stays.
     leading = next(m for m in metrics if m.role == Role.DECISION)
     baseline, candidate = totals(strata[leading.name])
+    if not (baseline.count and candidate.count):
+        return Look(decision, percent, None)
     p_better = probability_better(baseline, candidate, leading.kind, leading.higher_is_better)
     return Look(decision, next_percent(percent, p_better, design.limits), p_better)

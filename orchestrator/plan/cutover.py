@@ -20,10 +20,11 @@ from orchestrator.catalog import aliases, events
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError, ServiceUnavailableError, StateError
+from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.lag import LagState, Thresholds
 from orchestrator.models import VersionLag
 from orchestrator.naming import validate_name
-from orchestrator.plan.stages import Ramp, Stage, Validate, build, from_json, to_json
+from orchestrator.plan.stages import Experiment, Ramp, Stage, Validate, build, from_json, to_json
 
 Say = Callable[[str], None]
 
@@ -55,6 +56,8 @@ def describe(stage: Stage) -> str:
         return "validate"
     if isinstance(stage, Ramp):
         return f"ramp to {stage.percent} %"
+    if isinstance(stage, Experiment):
+        return f"{stage.design.strategy.value} test on {', '.join(stage.design.metrics)}"
     return f"soak {stage.seconds:g}s"
 
 
@@ -71,7 +74,18 @@ class Cutover:
         self.failed_with: str | None = None  # a resumed plan whose check had failed
 
     def run(self, ramp: list[int], soak_seconds: float) -> dict[str, Any]:
-        planned = self._plan(build(ramp, soak_seconds))
+        return self._run(build(ramp, soak_seconds))
+
+    def run_experiment(self, design: ExperimentDesign) -> dict[str, Any]:
+        """Validate, then test by the readers' outcomes until a promote or a rollback. Its
+        metrics are checked before the plan is made or anything switched."""
+        from orchestrator.plan.experiment import ExperimentRunner
+
+        ExperimentRunner(self, design).metrics()
+        return self._run([Validate(), Experiment(design)])
+
+    def _run(self, planned_stages: list[Stage]) -> dict[str, Any]:
+        planned = self._plan(planned_stages)
         if planned is None:
             self.say(f"alias {self.alias} already serves {self.version} entirely: nothing to "
                      "cut over")
@@ -134,6 +148,10 @@ class Cutover:
             self._validate()
         elif isinstance(stage, Ramp):
             self._ramp(stage.percent)
+        elif isinstance(stage, Experiment):
+            from orchestrator.plan.experiment import ExperimentRunner
+
+            ExperimentRunner(self, stage.design).run()
         else:
             self._soak(stage.seconds)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import StateError
+from orchestrator.experiment.design import ExperimentDesign
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,13 @@ class Soak:
     seconds: float  # wait, watching both versions' health, then re-run the guardrails
 
 
-Stage = Validate | Ramp | Soak
+@dataclass(frozen=True)
+class Experiment:
+    """An outcome test (A/B or bandit) that ends in a promote or a rollback."""
+    design: ExperimentDesign
+
+
+Stage = Validate | Ramp | Soak | Experiment
 
 
 def build(ramp: list[int], soak_seconds: float) -> list[Stage]:
@@ -49,6 +56,8 @@ def to_json(stages: list[Stage]) -> list[dict[str, Any]]:
             out.append({"kind": "validate"})
         elif isinstance(stage, Ramp):
             out.append({"kind": "ramp", "percent": stage.percent})
+        elif isinstance(stage, Experiment):
+            out.append({"kind": "experiment", **stage.design.to_json()})
         else:
             out.append({"kind": "soak", "seconds": stage.seconds})
     return out
@@ -61,6 +70,8 @@ def from_json(items: list[dict[str, Any]]) -> list[Stage]:
             stages.append(Validate())
         elif item["kind"] == "ramp":
             stages.append(Ramp(int(item["percent"])))
+        elif item["kind"] == "experiment":
+            stages.append(Experiment(ExperimentDesign.from_json(item)))
         else:
             stages.append(Soak(float(item["seconds"])))
     return stages

@@ -1,0 +1,233 @@
+"""The experiment stage of an outcome cutover: look, decide, move the split, until a promote or
+a rollback.
+
+Every look is stored (``experiment_looks``) before it acts, with its evidence; its figures are a
+function of the observations before the look's instant and of the alias's routing history, so a
+killed cutover run again computes the same figures from the same observations and goes on from
+its last look. Share changes are ordinary `ab` switches, decisions ordinary promotes and
+rollbacks, each with its reason in the alias's history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from orchestrator.catalog import events, outcomes
+from orchestrator.catalog.db import connect
+from orchestrator.errors import KappaError, ServiceUnavailableError, StateError
+from orchestrator.experiment.attribution import spans_since
+from orchestrator.experiment.design import ExperimentDesign
+from orchestrator.experiment.look import Look, take_look
+from orchestrator.experiment.metrics import OutcomeMetric, Role
+from orchestrator.experiment.policy import Judgement, Verdict
+from orchestrator.experiment.sequential import Stratum, arm_interval
+
+Say = Callable[[str], None]
+_POLL_S = 1.0  # how often a wait between looks checks that the plan still runs
+
+
+class ExperimentRunner:
+    """One plan's experiment. ``host`` is the Cutover that owns the plan (its service, its
+    catalog, its bookkeeping)."""
+
+    def __init__(self, host: Any, design: ExperimentDesign):
+        self.host, self.design = host, design
+        self.settings = host.catalog.settings
+        self.schema = self.settings.catalog_schema
+
+    # Before anything is switched -------------------------------------------------------------
+    def metrics(self) -> list[OutcomeMetric]:
+        """The design's metrics, each checked against the database it reads: a query that
+        fails, has other columns or writes is refused here, before any switch."""
+        with self.host.catalog.connection() as conn:
+            found = outcomes.resolve(conn, self.schema, self.host.job, self.design.metrics)
+        if not any(m.role == Role.DECISION for m in found):
+            raise StateError(f"the metrics {', '.join(self.design.metrics)} are all guardrails: "
+                             "an outcome cutover needs a decision metric (--role decision)")
+        promql = [m.name for m in found if m.promql is not None]
+        if promql:
+            raise StateError(f"metric {', '.join(promql)} is a PromQL metric, which outcome "
+                             "cutovers cannot read yet: define it with --sql")
+        with self._outcomes() as conn:
+            since = outcomes.now(conn)
+            for metric in found:
+                outcomes.probe(conn, metric, since=since,
+                               timeout_ms=self.settings.metric_statement_timeout_ms)
+        return found
+
+    # The stage -------------------------------------------------------------------------------
+    def run(self) -> None:
+        host, design = self.host, self.design
+        metrics = self.metrics()
+        history = self._looks()
+        if not history:
+            history = [self._start()]
+        started: datetime = history[0]["at"]
+        percent = int(history[-1]["next_percent"])
+        self._apply_share(percent)  # a share the last look chose but a crash kept from serving
+        number = int(history[-1]["look"])
+        evidence_at = max((h["at"] for h in history if h["verdict"] != Verdict.NO_DATA.value),
+                          default=started)
+        baseline = str(history[0]["evidence"]["baseline"])
+        while True:
+            host._check_still_running()
+            at = self._wait_until(started + timedelta(seconds=(number + 1) * design.look_seconds))
+            number += 1
+            look, evidence = self._look(metrics, baseline, started, at, percent, evidence_at)
+            if look.decision.verdict != Verdict.NO_DATA:
+                evidence_at = at
+            with host.catalog.connection() as conn, conn.transaction():
+                outcomes.record_look(conn, self.schema, host.plan_id, number, at, percent,
+                                     look.percent, look.decision.verdict.value,
+                                     look.decision.reason, evidence)
+            host.say(f"look {number}: {_summary(look)}")
+            verdict = look.decision.verdict
+            if verdict == Verdict.ROLL_BACK:
+                self._decided(number, look, evidence)
+                raise KappaError(f"the outcome test decided to roll back at look {number}: "
+                                 f"{look.decision.reason}")
+            if verdict == Verdict.PROMOTE:
+                self._decided(number, look, evidence)
+                host.service.promote(host.job, host.version, host.alias,
+                                     reason=f"cutover plan {host.plan_id}, look {number}: "
+                                     f"{look.decision.reason}")
+                return
+            if look.percent != percent:
+                percent = look.percent
+                self._apply_share(percent, f"cutover plan {host.plan_id}, look {number}: "
+                                           f"{_posterior(look)}")
+
+    def _start(self) -> dict[str, Any]:
+        """The first A/B switch, and look 0 at the instant it committed."""
+        host, design = self.host, self.design
+        baseline = host._baseline()
+        if baseline == host.version:
+            raise StateError(f"alias {host.alias} already serves {host.version}")
+        self._apply_share(design.start_percent, f"cutover plan {host.plan_id}: the "
+                                                f"{design.strategy.value} test starts at "
+                                                f"{design.start_percent} %")
+        with host.catalog.connection() as conn, conn.transaction():
+            at = outcomes.now(conn)
+            evidence = {"baseline": baseline, "candidate": host.version}
+            outcomes.record_look(conn, self.schema, host.plan_id, 0, at, design.start_percent,
+                                 design.start_percent, "started", "the test starts", evidence)
+            events.record(conn, self.schema, "experiment_started", job=host.job,
+                          version=host.version, plan=host.plan_id, alias=host.alias,
+                          baseline=baseline, design=design.to_json())
+        return {"look": 0, "at": at, "next_percent": design.start_percent,
+                "verdict": "started", "evidence": evidence}
+
+    def _apply_share(self, percent: int, reason: str | None = None) -> None:
+        host = self.host
+        info = host._serving()
+        if info["candidate"] == host.version and info["percent"] == percent:
+            return
+        host.service.ab(host.job, host.version, percent, host.alias,
+                        reason=reason or f"cutover plan {host.plan_id}: the share of the last "
+                                         f"look, {percent} %")
+
+    def _look(self, metrics: Sequence[OutcomeMetric], baseline: str, started: datetime,
+              at: datetime, percent: int, evidence_at: datetime
+              ) -> tuple[Look, dict[str, Any]]:
+        host = self.host
+        with host.catalog.connection() as conn:
+            spans = spans_since(outcomes.routing_spans(conn, self.schema, host.alias), started)
+        strata: dict[str, Sequence[Stratum]] = {}
+        errors: dict[str, str] = {}
+        with self._outcomes() as conn:
+            for metric in metrics:
+                try:
+                    strata[metric.name] = outcomes.strata(
+                        conn, metric, spans, baseline=baseline, candidate=host.version,
+                        since=started, until=at,
+                        timeout_ms=self.settings.metric_statement_timeout_ms)
+                except psycopg.OperationalError as exc:
+                    if conn.broken or conn.closed:
+                        raise ServiceUnavailableError(
+                            f"the outcome database went away during look: {exc}; run the "
+                            "same cutover again to resume") from exc
+                    errors[metric.name] = outcomes.first_line(exc)
+                    strata[metric.name] = []
+                except psycopg.Error as exc:  # a query that fails now: no data, said
+                    errors[metric.name] = outcomes.first_line(exc)
+                    strata[metric.name] = []
+        look = take_look(self.design, metrics, strata, percent=percent,
+                         elapsed_s=(at - started).total_seconds(),
+                         silent_s=(at - evidence_at).total_seconds())
+        return look, self._evidence(look, baseline, errors)
+
+    def _evidence(self, look: Look, baseline: str, errors: dict[str, str]) -> dict[str, Any]:
+        design = self.design
+        metrics = []
+        for j in look.decision.judgements:
+            c = j.comparison
+            metrics.append({
+                "metric": j.metric.name, "role": j.metric.role.value,
+                "kind": j.metric.kind.value, "outcome": j.outcome,
+                "baseline": _arm(j, baseline, j.baseline, design),
+                "candidate": _arm(j, self.host.version, j.candidate, design),
+                "difference": c.difference if c else None,
+                "interval": [c.low, c.high] if c else None,
+                "statistic": c.statistic if c else None,
+                "threshold": c.threshold if c else None,
+                "strata": c.strata if c else 0, "margin": j.margin,
+                "alpha": design.alpha_per_metric, "error": errors.get(j.metric.name)})
+        return {"baseline": baseline, "candidate": self.host.version, "metrics": metrics,
+                "p_better": look.p_better, "share": look.percent,
+                "strategy": design.strategy.value}
+
+    def _decided(self, number: int, look: Look, evidence: dict[str, Any]) -> None:
+        host = self.host
+        with host.catalog.connection() as conn, conn.transaction():
+            events.record(conn, self.schema, "experiment_decision", job=host.job,
+                          version=host.version, plan=host.plan_id, look=number,
+                          verdict=look.decision.verdict.value, reason=look.decision.reason,
+                          evidence=evidence)
+
+    def _wait_until(self, when: datetime) -> datetime:
+        while True:
+            with self.host.catalog.connection() as conn:
+                at = outcomes.now(conn)
+            if at >= when:
+                return at
+            time.sleep(min(_POLL_S, (when - at).total_seconds()))
+            self.host._check_still_running()
+
+    def _looks(self) -> list[dict[str, Any]]:
+        with self.host.catalog.connection() as conn:
+            return outcomes.looks(conn, self.schema, self.host.plan_id)
+
+    def _outcomes(self) -> Any:
+        s = self.settings
+        dsn, _ = s.require_services()
+        return connect(s.outcomes_pg_dsn or dsn, autocommit=True)
+
+
+def _arm(judgement: Judgement, version: str, summary: Any, design: ExperimentDesign
+         ) -> dict[str, Any]:
+    interval = arm_interval(summary, alpha=design.alpha_per_metric, mixture_sd=design.mixture_sd)
+    return {"version": version, "count": summary.count, "mean": summary.mean,
+            "interval": list(interval) if interval else None}
+
+
+def _posterior(look: Look) -> str:
+    p = look.p_better
+    return (f"bandit: P(candidate better) = {p:.3f}, share {look.percent} %" if p is not None
+            else f"share {look.percent} %")
+
+
+def _summary(look: Look) -> str:
+    parts = [f"{look.decision.verdict.value} ({look.decision.reason})"]
+    for j in look.decision.judgements:
+        c = j.comparison
+        parts.append(f"{j.metric.name}: {j.baseline.count}/{j.candidate.count} observations"
+                     + (f", difference {c.difference:+.4g} in [{c.low:+.4g}, {c.high:+.4g}]"
+                        if c else ""))
+    if look.p_better is not None:
+        parts.append(_posterior(look))
+    return "; ".join(parts)
