@@ -195,6 +195,7 @@ _LONGEST_FIRST = (
     "integration/test_exporter_outage.py", "integration/test_standalone_cluster.py",
     "integration/test_demo.py", "integration/test_fail_points.py",
     "integration/test_switch_races.py", "integration/test_memory.py",
+    "integration/test_outcome_cutover.py",
 )
 
 

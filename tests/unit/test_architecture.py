@@ -12,7 +12,9 @@ import orchestrator
 PACKAGE = Path(orchestrator.__file__).parent
 DOMAIN = ("errors", "models", "states", "naming", "lag", "jobspec", "parsing", "settings",
           "sample", "sample_profiles", "schema", "determinism", "log_identity",
-          "archive/segments")
+          "archive/segments", "experiment/attribution", "experiment/bandit", "experiment/design",
+          "experiment/look", "experiment/metrics", "experiment/policy", "experiment/sequential",
+          "experiment/simulation")
 # The modules of orchestrator/spark that the CLI and the service import: no pyspark in them.
 SPARK_SERVICE_SIDE = ("__init__.py", "launcher.py", "checkpoint.py")
 DRIVERS = ("pyspark", "confluent_kafka", "psycopg", "airflow", "prometheus_client")

@@ -1,0 +1,279 @@
+"""Cutover by outcome, end to end: an application reads `serving.pageview_counts` by key and
+writes what its readers did into its own table; its true conversion rate depends on the version
+that served the key (the alias's served_by column says which). `kappa cutover --strategy ab|
+bandit` must promote a better candidate, roll back a worse one (the bandit exposing fewer
+readers to it than a fixed split on the same traffic), roll back a guardrail that degrades, and
+resume a killed run with the same statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conftest import ROOT, job_file, kappa_cli, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+class Application(threading.Thread):
+    """Readers of the alias, and what they did: per tick, ``per_tick`` reads of keys drawn
+    with a fixed seed, each converting (and erring) with its serving version's true rate. The
+    same seed gives the same keys and the same draws, whatever serves them."""
+
+    def __init__(self, settings: Any, schema: str, keys: list[str],
+                 converts: dict[str, float], errors: dict[str, float], *, seed: int,
+                 per_tick: int = 40, tick_s: float = 0.1):
+        super().__init__(daemon=True)
+        self.settings, self.schema, self.keys = settings, schema, keys
+        self.converts, self.errors, self.seed = converts, errors, seed
+        self.per_tick, self.tick_s = per_tick, tick_s
+        self.halt = threading.Event()
+        self.served: dict[str, int] = {}
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        rng = random.Random(self.seed)
+        view = sql.SQL("{}.{}").format(sql.Identifier(self.settings.serving_schema),
+                                       sql.Identifier(JOB))
+        table = sql.SQL("{}.outcomes").format(sql.Identifier(self.schema))
+        try:
+            with psycopg.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                while not self.halt.is_set():
+                    drawn = [(rng.choice(self.keys), rng.random(), rng.random())
+                             for _ in range(self.per_tick)]
+                    serving = dict(conn.execute(sql.SQL(
+                        "SELECT url, served_by FROM {} WHERE url = ANY(%s)").format(view),
+                        ([k for k, _, _ in drawn],)).fetchall())
+                    rows = []
+                    for key, u_convert, u_error in drawn:
+                        version = serving[key]
+                        self.served[version] = self.served.get(version, 0) + 1
+                        rows.append((key, int(u_convert < self.converts[version]),
+                                     int(u_error < self.errors[version])))
+                    with conn.cursor().copy(sql.SQL(
+                            "COPY {} (key, converted, erred) FROM STDIN").format(table)) as copy:
+                        for row in rows:
+                            copy.write_row(row)
+                    time.sleep(self.tick_s)
+        except BaseException as exc:
+            self.failure = exc
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(30)
+        assert self.failure is None, repr(self.failure)
+
+
+@pytest.fixture(scope="module")
+def deployed(stack, tmp_path_factory: pytest.TempPathFactory):
+    """v1 and v2 caught up and validated, v1 served through an alias with a served_by column,
+    the application's table, and the keys both versions have."""
+    from orchestrator.service import Orchestrator
+    from orchestrator.settings import Settings
+    from orchestrator.spark import launcher
+
+    tag = uuid.uuid4().hex[:8]
+    tmp = tmp_path_factory.mktemp("outcomes")
+    settings = Settings(
+        state_dir=tmp / "state", pg_dsn=stack.pg_dsn, kafka_bootstrap=stack.kafka_bootstrap,
+        catalog_schema=f"kappa_{tag}", data_schema=f"data_{tag}",
+        serving_schema=f"serving_{tag}", spark_driver_memory="768m", heartbeat_interval_s=1.0,
+        alias_version_column="served_by")
+    service = Orchestrator(settings)
+    topic = f"pageviews_{tag}"
+    service.produce_sample(topic, 4_000, seed=221)
+    for version in ("v1", "v2"):
+        service.deploy(job_file(tmp, version, topic))
+    for version in ("v1", "v2"):
+        service.wait(JOB, version, timeout_s=600)
+    service.diff(JOB, "v1", "v2")
+    service.promote(JOB, "v1", force=True, reason="outcome tests start on v1")
+    schema = f"app_{tag}"
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL(
+            "CREATE TABLE {}.outcomes (key text NOT NULL, converted int NOT NULL, erred int "
+            "NOT NULL, observed_at timestamptz NOT NULL DEFAULT clock_timestamp())").format(
+            sql.Identifier(schema)))
+        keys = [r[0] for r in conn.execute(sql.SQL(
+            "SELECT url FROM {d}.{a} INTERSECT SELECT url FROM {d}.{b} ORDER BY 1").format(
+            d=sql.Identifier(settings.data_schema), a=sql.Identifier(f"{JOB}__v1"),
+            b=sql.Identifier(f"{JOB}__v2")))]
+    assert len(keys) >= 50, keys
+    for name, column, role in (("converts", "converted", "decision"),
+                               ("errors", "erred", "guardrail")):
+        defined = kappa_cli(settings, "metric", "define", JOB, name, "--sql",
+                            f"SELECT key, {column} AS value, observed_at FROM {schema}.outcomes "
+                            "WHERE observed_at >= {since}", "--kind", "proportion", "--better",
+                            "higher" if name == "converts" else "lower", "--role", role,
+                            *(["--margin", "0.5"] if role == "guardrail" else []))
+        assert defined.returncode == 0, defined.stderr
+    yield settings, service, schema, keys
+    for st in service.status():
+        if st.pid:
+            launcher.terminate(st.pid, None, grace_s=2)
+
+
+FAST = ("--look-seconds", "0.5", "--min-per-arm", "200", "--mixture-sd", "0.2")
+
+
+def _cutover(settings: Any, *args: str) -> tuple[int, dict[str, Any], str]:
+    """Run `kappa cutover` to its end; (exit status, `kappa experiment --json`, stderr)."""
+    done = kappa_cli(settings, "cutover", JOB, "v2", *FAST, *args)  # args override FAST
+    found = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
+    return done.returncode, found, done.stderr
+
+
+def _last(found: dict[str, Any], metric: str = "converts") -> dict[str, Any]:
+    (evidence,) = [m for m in found["looks"][-1]["evidence"]["metrics"] if m["metric"] == metric]
+    return evidence
+
+
+def _run(deployed, converts: dict[str, float], errors: dict[str, float], seed: int,
+         *args: str) -> tuple[int, dict[str, Any], str, Application]:
+    settings, service, schema, keys = deployed
+    app = Application(settings, schema, keys, converts, errors, seed=seed)
+    app.start()
+    try:
+        status, found, stderr = _cutover(settings, *args)
+    finally:
+        app.stop()
+    assert service.serving(JOB) is not None
+    return status, found, stderr, app
+
+
+def test_outcome_cutovers_end_to_end(deployed) -> None:
+    """One deployment for every scenario (a module fixture would deploy once per xdist
+    worker), in the order a team would meet them."""
+    _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed)
+    _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed)
+    _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed)
+    _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
+
+
+def _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed) -> None:
+    service = deployed[1]
+    worse = {"v1": 0.30, "v2": 0.24}  # 20 % worse, relative
+    same_errors = {"v1": 0.05, "v2": 0.05}
+    exposed = {}
+    for strategy in ("ab", "bandit"):
+        status, found, stderr, _ = _run(
+            deployed, worse, same_errors, 17, "--strategy", strategy, "--metric", "converts",
+            "--start-percent", "50", "--min-percent", "1", "--max-percent", "50",
+            "--max-step", "25", "--max-duration", "30",
+            # No decision below 600 readers on each arm: a fixed split exposes at least 600 to
+            # the candidate, while the bandit moves its share from the first look on.
+            "--min-per-arm", "600")
+        assert status == 1 and "rolled back" in stderr, stderr
+        assert found["status"] == "rolled_back" and found["verdict"] == "roll_back", found
+        evidence = _last(found)
+        assert evidence["candidate"]["version"] == "v2"
+        exposed[strategy] = evidence["candidate"]["count"]
+        assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
+    print(f"readers exposed to the worse candidate: {exposed}")
+    assert exposed["bandit"] < exposed["ab"], exposed
+    steps = [(h["action"], h["percent"]) for h in service.history(JOB)]
+    bandit = steps[steps.index(("ab", 50), steps.index(("ab", 50)) + 1):]
+    assert any(action == "ab" and percent < 50 for action, percent in bandit), steps
+
+
+def _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed) -> None:
+    status, found, stderr, _ = _run(
+        deployed, {"v1": 0.30, "v2": 0.36}, {"v1": 0.05, "v2": 0.15}, 18, "--strategy", "ab",
+        "--metric", "converts", "--metric", "errors", "--start-percent", "50")
+    assert status == 1 and "guardrail errors" in stderr, stderr
+    assert _last(found, "errors")["outcome"] == "worse_beyond_margin"
+    assert _last(found, "converts")["outcome"] in ("better", "non_inferior", "undecided")
+
+
+def _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(
+        deployed) -> None:
+    settings, service, schema, keys = deployed
+    better = {"v1": 0.30, "v2": 0.36}  # 20 % better, relative
+    errors = {"v1": 0.05, "v2": 0.05}
+    args = [str(Path(sys.executable).with_name("kappa")), "cutover", JOB, "v2", "--strategy",
+            "bandit", "--metric", "converts", "--metric", "errors", "--start-percent", "20",
+            "--min-percent", "10", "--max-percent", "60", "--max-step", "20", *FAST]
+    env = dict(os.environ, **settings.driver_environment())
+    earlier = service.outcomes.experiment(JOB)["plan"]
+
+    def looks_of_a_new_plan() -> int:
+        found = service.outcomes.experiment(JOB)
+        return len(found["looks"]) if found["plan"] != earlier else 0
+
+    app = Application(settings, schema, keys, better, errors, seed=19)
+    app.start()
+    first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        wait_until(lambda: looks_of_a_new_plan() >= 4, 120, "three looks")
+        app.stop()  # no reader from here on: every look counts the same observations
+        taken = looks_of_a_new_plan()
+        wait_until(lambda: looks_of_a_new_plan() > taken, 60, "a look after the last reader")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        app.stop()
+    before = service.outcomes.experiment(JOB)
+    assert before["status"] == "running"
+    last = before["looks"][-1]
+    resumed = subprocess.Popen([*args, "--json"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    wait_until(lambda: len(service.outcomes.experiment(JOB)["looks"]) > len(before["looks"]),
+               60, "a look after the resume")
+    again = service.outcomes.experiment(JOB)["looks"][len(before["looks"])]
+    for old, new in zip(last["evidence"]["metrics"], again["evidence"]["metrics"], strict=True):
+        for key in ("difference", "interval", "statistic", "threshold", "outcome"):
+            assert new[key] == old[key], (key, old, new)
+        assert new["baseline"] == old["baseline"] and new["candidate"] == old["candidate"]
+    app = Application(settings, schema, keys, better, errors, seed=20)
+    app.start()
+    try:
+        out, err = resumed.communicate(timeout=300)
+    finally:
+        app.stop()
+    assert resumed.returncode == 0, err
+    assert json.loads(out)["status"] == "succeeded"
+    assert service.serving(JOB).primary == "v2"
+    found = service.outcomes.experiment(JOB)
+    assert found["status"] == "succeeded" and found["verdict"] == "promote", found
+    assert _last(found)["outcome"] == "better"
+    bandit_steps = [h for h in service.history(JOB) if h["reason"] and "P(candidate better)"
+                    in h["reason"]]
+    assert bandit_steps, service.history(JOB)
+    events = [e["kind"] for e in service.events(JOB)]
+    assert "experiment_decision" in events and "experiment_started" in events
+    table = kappa_cli(settings, "experiment", JOB)
+    assert "statistic / threshold" in table.stdout.lower() and "promote" in table.stdout, \
+        table.stdout
+
+
+def _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed) -> None:
+    settings, service, _, _ = deployed
+    before = service.history(JOB)
+    for args, says in [
+            (("--strategy", "bandit", "--metric", "converts", "--min-percent", "60",
+              "--max-percent", "40", "--start-percent", "50"),
+             "--min-percent (60) and --max-percent (40)"),
+            (("--strategy", "ab", "--metric", "nothing_like_it"), "no outcome metric"),
+            (("--strategy", "ab", "--metric", "errors"), "needs a decision metric"),
+            (("--metric", "converts"), "add --strategy ab"),
+    ]:
+        refused = kappa_cli(settings, "cutover", JOB, "v2", *args)
+        assert refused.returncode == 1 and says in refused.stderr, (args, refused.stderr)
+        assert refused.stderr.count("\n") == 1, refused.stderr
+    assert service.history(JOB) == before
