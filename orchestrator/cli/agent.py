@@ -28,7 +28,8 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
         lags = tuple(service.lag(limits=limits))
         archive = tuple(service.archive_status()) if getattr(args, "archive", False) else ()
         return Snapshot(lags=lags, statuses=tuple(service.status(exact_rows=False)),
-                        aliases=tuple(service.aliases()), archive=archive, taken_at=time.time())
+                        aliases=tuple(service.aliases()), archive=archive,
+                        experiments=tuple(service.outcomes.running()), taken_at=time.time())
 
     def ready(port: int) -> None:
         restarting = "; restarting this host's crashed drivers" if supervise else ""

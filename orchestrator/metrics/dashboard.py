@@ -299,6 +299,11 @@ def _builder() -> dashboard_b.Dashboard:
     board = board.with_row(archive_row(20))
     for panel in archive_panels(21):
         board = board.with_panel(panel)
+    from orchestrator.metrics.dashboard_cutover import cutover_panels, cutover_row
+
+    board = board.with_row(cutover_row(30))
+    for panel in cutover_panels(31):
+        board = board.with_panel(panel)
     return board
 
 

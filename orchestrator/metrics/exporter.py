@@ -11,8 +11,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from orchestrator.archive.segments import PartitionArchive
 from orchestrator.errors import ConfigError
 from orchestrator.lag import LagState
+from orchestrator.metrics.exporter_cutover import cutover_metrics
 from orchestrator.models import AliasState, VersionLag, VersionStatus
 from orchestrator.states import RunState
 
@@ -54,6 +56,8 @@ class Snapshot:
     taken_at: float = 0.0  # seconds since the epoch; 0 before the first success
     aliases: tuple[AliasState, ...] = ()
     archive: tuple[PartitionArchive, ...] = ()
+    # The outcome cutovers that run now, each with its last look (OutcomeDesk.running()).
+    experiments: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass
@@ -111,6 +115,7 @@ class KappaCollector(Collector):
         yield from status_metrics(snap.statuses, self.job_label)
         yield from alias_metrics(snap.aliases, snap.statuses, self.job_label)
         yield from archive_metrics(snap.archive)
+        yield from cutover_metrics(snap.experiments, self.job_label)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
         stale.add_metric([], 1.0 if self.sampler.is_stale() else 0.0)

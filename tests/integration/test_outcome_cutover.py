@@ -156,12 +156,13 @@ def _run(deployed, converts: dict[str, float], errors: dict[str, float], seed: i
     return status, found, stderr, app
 
 
-def test_outcome_cutovers_end_to_end(deployed) -> None:
+def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     """One deployment for every scenario (a module fixture would deploy once per xdist
     worker), in the order a team would meet them."""
     _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed)
     _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed)
     _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed)
+    _a_running_test_is_on_the_dashboard(deployed, tmp_path)
     _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
 
 
@@ -198,6 +199,41 @@ def _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed) ->
     assert status == 1 and "guardrail errors" in stderr, stderr
     assert _last(found, "errors")["outcome"] == "worse_beyond_margin"
     assert _last(found, "converts")["outcome"] in ("better", "non_inferior", "undecided")
+
+
+def _a_running_test_is_on_the_dashboard(deployed, tmp_path: Path) -> None:
+    """While a bandit test runs (an A/A test at alpha 0.001: it will not decide meanwhile), a
+    real Prometheus scraping the agent answers every query of the dashboard's cutover row."""
+    from orchestrator.metrics.dashboard import panel_queries
+    from orchestrator.metrics.dashboard_cutover import TITLES
+
+    from integration.observability import agent, prometheus, query
+
+    settings, service, schema, keys = deployed
+    same = {"v1": 0.3, "v2": 0.3}
+    env = dict(os.environ, **settings.driver_environment())
+    app = Application(settings, schema, keys, same, same, seed=21)
+    app.start()
+    running = subprocess.Popen(
+        [str(Path(sys.executable).with_name("kappa")), "cutover", JOB, "v2", "--strategy",
+         "bandit", "--metric", "converts", *FAST, "--min-per-arm", "100", "--alpha", "0.001",
+         "--max-duration", "600"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        with agent(settings, tmp_path, "--interval", "1", "--window", "5") as target, \
+                prometheus(tmp_path, target) as url:
+            queries = [(t, q) for t, q in panel_queries(JOB, "v2") if t in TITLES]
+            assert {t for t, _ in queries} == set(TITLES)
+            for title, expr in queries:
+                wait_until(lambda expr=expr: query(url, expr), 90,
+                           f"series for panel {title!r}: {expr}")
+    finally:
+        running.send_signal(signal.SIGKILL)
+        _, err = running.communicate()
+        app.stop()
+    assert service.outcomes.experiment(JOB)["status"] == "running", err
+    assert service.abort_cutover(JOB, "v2", reason="the dashboard was checked") is not None
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
 
 
 def _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(

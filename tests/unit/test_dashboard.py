@@ -24,6 +24,19 @@ DASHBOARDS = ROOT / "dashboards"
 COMMITTED = DASHBOARDS / "kappa-replay.json"
 DASHBOARDS_YAML = DASHBOARDS / "provisioning" / "dashboards" / "kappa.yaml"
 DATASOURCES_YAML = DASHBOARDS / "provisioning" / "datasources" / "prometheus.yaml"
+# An outcome cutover's last look, as OutcomeDesk.running() gives it.
+_ARM = {"count": 900, "mean": 0.3, "interval": [0.25, 0.35]}
+EXPERIMENT = {
+    "job": "pageview_counts", "alias": "pageview_counts", "version": "v2", "look": 7,
+    "share": 30, "verdict": "continue",
+    "evidence": {"baseline": "v1", "candidate": "v2", "p_better": 0.2, "share": 30,
+                 "strategy": "bandit", "metrics": [{
+                     "metric": "converts", "role": "decision", "kind": "proportion",
+                     "outcome": "undecided", "baseline": {**_ARM, "version": "v1"},
+                     "candidate": {**_ARM, "version": "v2", "mean": 0.28},
+                     "difference": -0.02, "interval": [-0.07, 0.03], "statistic": 0.4,
+                     "threshold": 3.69, "strata": 3, "margin": 0.0, "alpha": 0.025,
+                     "error": None}]}}
 # The exporter's own metrics, and the archive's (per topic), carry no job or version.
 GLOBAL_PANELS = {"Exporter", *ARCHIVE_TITLES}
 ALIAS_METRICS = {"kappa_alias_switches_total", "kappa_alias_target"}  # annotations only
@@ -141,7 +154,8 @@ def test_panels_use_only_metrics_the_exporter_exports(model: dict[str, Any]) -> 
         lag_records=60, heartbeat_age_s=1.0, reason=None, attempt=1, log_path=None,
         started_at=None)
     archived = PartitionArchive("pageviews", 0, "c-t", True, 0, 90, 1, 88, 2, 4096, 0, 100, 1.5)
-    sampler = Sampler(take=lambda: Snapshot((lag,), (status,), 1000.0, archive=(archived,)))
+    sampler = Sampler(take=lambda: Snapshot((lag,), (status,), 1000.0, archive=(archived,),
+                                            experiments=(EXPERIMENT,)))
     sampler.refresh()
     registry = CollectorRegistry()
     registry.register(KappaCollector(sampler))

@@ -179,3 +179,30 @@ def test_the_old_job_label_stays_for_one_release_behind_a_setting() -> None:
     assert not [k for k in got if "kappa_job=" in k]
     with pytest.raises(ConfigError, match=r"metrics_job_label='service'.*kappa_job"):
         KappaCollector(sampler, "service")
+
+
+def test_a_running_outcome_cutover_is_exported_and_unknown_figures_are_no_series() -> None:
+    arm = {"count": 900, "mean": 0.3, "interval": [0.25, 0.35], "version": "v1"}
+    early = {"count": 40, "mean": 0.2, "interval": None, "version": "v2"}
+    experiment = {
+        "job": "pageview_counts", "alias": "pv", "version": "v2", "look": 7, "share": 30,
+        "verdict": "no_data", "evidence": {"p_better": 0.2, "metrics": [{
+            "metric": "converts", "baseline": arm, "candidate": early, "difference": None,
+            "interval": None, "statistic": None, "threshold": None}]}}
+    sampler = Sampler(take=lambda: Snapshot(taken_at=time.time(), experiments=(experiment,)))
+    sampler.refresh()
+    got = _scrape(sampler)
+    base = 'alias="pv",arm="baseline",kappa_job="pageview_counts",metric="converts",version="v1"'
+    assert got[f"kappa_cutover_observations{{{base}}}"] == 900
+    assert got[f"kappa_cutover_mean_low{{{base}}}"] == 0.25
+    cand = base.replace('"baseline"', '"candidate"').replace('"v1"', '"v2"')
+    assert got[f"kappa_cutover_mean{{{cand}}}"] == 0.2
+    assert f"kappa_cutover_mean_low{{{cand}}}" not in got  # no interval yet: no series
+    assert not [k for k in got if k.startswith(("kappa_cutover_difference",
+                                                "kappa_cutover_statistic"))]
+    alias = 'alias="pv",kappa_job="pageview_counts",version="v2"'
+    assert got[f"kappa_cutover_candidate_share_percent{{{alias}}}"] == 30
+    assert got[f"kappa_cutover_p_better{{{alias}}}"] == 0.2
+    verdict = 'kappa_cutover_verdict{{alias="pv",kappa_job="pageview_counts",verdict="{}",' \
+              'version="v2"}}'
+    assert got[verdict.format("no_data")] == 1 and got[verdict.format("continue")] == 0
