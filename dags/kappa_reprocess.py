@@ -5,6 +5,12 @@ checks, promote, and optionally retire the previous version.
 Trigger with a conf, e.g.
     {"job_file": "jobs/pageview_counts/v2.py", "ramp": [10, 50, 100], "soak_seconds": 60,
      "max_lag": 0, "retire_previous": false}
+or, to judge the new version by its readers' outcomes (`kappa cutover --strategy`'s options,
+named as its flags are: start_percent, min_percent, max_percent, max_step, look_seconds,
+max_duration, no_data_timeout, alpha, mixture_sd, min_per_arm, allow_non_inferior):
+    {"job_file": "jobs/pageview_counts/v2.py", "strategy": "bandit", "metrics": ["converts"],
+     "look_seconds": 60, "max_duration": 86400}
+The outcome test defers between its looks, holding no worker slot.
 Any failed check rolls the alias back and fails the run with what failed. Connections:
 ``kappa_postgres`` (the catalog) and ``kappa_kafka`` (the broker).
 """
@@ -50,6 +56,10 @@ with DAG(
         "retire_previous": Param(False, type="boolean"),
         "alias": Param(None, type=["null", "string"], description="default: the job name"),
         "catch_up_timeout_minutes": Param(720, type="number", minimum=0),
+        "strategy": Param(None, type=["null", "string"], enum=[None, "ab", "bandit"],
+                          description="test by the readers' outcomes instead of the ramp"),
+        "metrics": Param([], type="array", items={"type": "string"},
+                         description="outcome metrics (kappa metric define), with strategy"),
     },
 ) as dag:
     request = check_conf("reprocess", PROJECT_DIR)
@@ -65,7 +75,7 @@ with DAG(
     cutover = KappaCutoverOperator(
         task_id="ramp_and_promote", job=request["job"], version=request["version"],
         ramp=request["ramp"], soak_seconds=request["soak_seconds"], alias=request["alias"],
-        retries=1)
+        experiment=request["experiment"], retries=1)
     retire = KappaRetireOperator(
         task_id="retire_previous", job=request["job"], enabled=request["retire_previous"],
         version="{{ ti.xcom_pull(task_ids='ramp_and_promote')['previous'] }}")

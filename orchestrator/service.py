@@ -99,8 +99,8 @@ class Orchestrator:
         return self.switches.promote(job, version, alias, force=force, reason=reason)
 
     def ab(self, job: str, version: str, percent: int, alias: str | None = None, *,
-           reason: str | None = None) -> dict[str, Any]:
-        return self.switches.ab(job, version, percent, alias, reason=reason)
+           reason: str | None = None, breaking: bool = False) -> dict[str, Any]:
+        return self.switches.ab(job, version, percent, alias, reason=reason, breaking=breaking)
 
     def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None,
                  force: bool = False) -> dict[str, Any]:
@@ -123,9 +123,11 @@ class Orchestrator:
 
     def cutover(self, job: str, version: str, *, ramp: list[int], soak_seconds: float,
                 alias: str | None = None, say: Callable[[str], None] | None = None,
-                experiment: ExperimentDesign | None = None) -> dict[str, Any]:
-        """Ramp with soaks; or, given an ``experiment``, test by the readers' outcomes."""
-        plan = Cutover(self, job, version, alias, say or (lambda _: None))
+                experiment: ExperimentDesign | None = None, pausing: bool = False
+                ) -> dict[str, Any]:
+        """Ramp with soaks; or, given an ``experiment``, test by the readers' outcomes
+        (``pausing``: return with status ``waiting`` when the next look is still to come)."""
+        plan = Cutover(self, job, version, alias, say or (lambda _: None), pausing=pausing)
         return plan.run_experiment(experiment) if experiment else plan.run(ramp, soak_seconds)
 
     def abort_cutover(self, job: str, version: str, *, reason: str, alias: str | None = None

@@ -53,9 +53,9 @@ class SwitchDesk:
             return board.promote(job, version, alias, force=force, reason=reason)
 
     def ab(self, job: str, version: str, percent: int, alias: str | None, *,
-           reason: str | None) -> dict[str, Any]:
+           reason: str | None, breaking: bool = False) -> dict[str, Any]:
         with self.switching() as board:
-            return board.ab(job, version, percent, alias, reason=reason)
+            return board.ab(job, version, percent, alias, reason=reason, breaking=breaking)
 
     def rollback(self, job: str, alias: str | None, *, reason: str | None, force: bool
                  ) -> dict[str, Any]:

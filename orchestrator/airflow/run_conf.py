@@ -6,12 +6,14 @@ A conf arrives as JSON from a person or a script; each mistake gets one line say
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, KappaError
+from orchestrator.experiment.design import ExperimentDesign, Strategy
 from orchestrator.naming import validate_name
 
 REPROCESS_DEFAULTS: dict[str, Any] = {
@@ -21,7 +23,18 @@ REPROCESS_DEFAULTS: dict[str, Any] = {
     "retire_previous": False,
     "alias": None,
     "catch_up_timeout_minutes": 720,
+    "strategy": None,
+    "metrics": [],
 }
+# An outcome cutover's options, named as `kappa cutover`'s flags are: conf key -> design field.
+EXPERIMENT_OPTIONS = {
+    "start_percent": "start_percent", "min_percent": "min_percent",
+    "max_percent": "max_percent", "max_step": "max_step", "look_seconds": "look_seconds",
+    "max_duration": "max_duration_s", "no_data_timeout": "no_data_timeout_s", "alpha": "alpha",
+    "mixture_sd": "mixture_sd", "min_per_arm": "min_per_arm",
+    "allow_non_inferior": "allow_non_inferior",
+}
+_WHOLE = {"start_percent", "min_percent", "max_percent", "max_step", "min_per_arm"}
 EXAMPLE = ('{"job_file": "jobs/pageview_counts/v2.py", "ramp": [10, 50, 100], '
            '"soak_seconds": 60, "max_lag": 0, "retire_previous": false}')
 
@@ -35,6 +48,7 @@ class ReprocessRequest:
     retire_previous: bool
     alias: str | None
     catch_up_timeout_minutes: float
+    experiment: ExperimentDesign | None = None  # an outcome cutover instead of the ramp
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,7 @@ def job_file_in(project_dir: Path, value: Any) -> Path:
 
 
 def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequest:
-    _check_keys(conf, {"job_file", *REPROCESS_DEFAULTS}, EXAMPLE)
+    _check_keys(conf, {"job_file", *REPROCESS_DEFAULTS, *EXPERIMENT_OPTIONS}, EXAMPLE)
     merged = {**REPROCESS_DEFAULTS, **conf}
     return ReprocessRequest(
         job_file=job_file_in(project_dir, merged.get("job_file")),
@@ -122,7 +136,36 @@ def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequ
         alias=_optional_name(merged, "alias", "alias"),
         catch_up_timeout_minutes=float(_number(merged, "catch_up_timeout_minutes",
                                                integer=False)),
+        experiment=parse_experiment(merged),
     )
+
+
+def parse_experiment(conf: Mapping[str, Any]) -> ExperimentDesign | None:
+    """The outcome cutover a conf asks for with ``strategy`` and ``metrics``; None for a
+    ramp. Whether the metrics exist is checked when the cutover starts, before any switch."""
+    strategy, metrics = conf.get("strategy"), conf.get("metrics", [])
+    options = sorted(k for k in EXPERIMENT_OPTIONS if k in conf)
+    if strategy is None:
+        if metrics or options:
+            raise ConfigError(f"conf {', '.join(['metrics'] * bool(metrics) + options)} judge "
+                              'an outcome cutover: add "strategy": "ab" or "bandit"')
+        return None
+    if strategy not in {s.value for s in Strategy}:
+        raise ConfigError(f'conf strategy must be "ab" or "bandit" (or null for the ramp); '
+                          f"got {strategy!r}")
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise ConfigError('conf metrics must be a list of metric names, like ["converts"] '
+                          f"(`kappa metric list`); got {metrics!r}")
+    given: dict[str, Any] = {}
+    for key in options:
+        field = EXPERIMENT_OPTIONS[key]
+        given[field] = _flag(conf, key) if key == "allow_non_inferior" \
+            else _number(conf, key, integer=key in _WHOLE)
+    try:
+        return ExperimentDesign(Strategy(strategy), tuple(metrics), **given)
+    except KappaError as exc:  # its words name the CLI's flags: say the conf's keys
+        flags = re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(exc))
+        raise ConfigError(f"conf: {flags}") from exc
 
 
 def parse_rollback(conf: Mapping[str, Any]) -> RollbackRequest:
@@ -158,7 +201,8 @@ def checked_reprocess(conf: Mapping[str, Any], project_dir: Path) -> dict[str, A
             "job_file": str(request.job_file), "ramp": list(request.ramp),
             "soak_seconds": request.soak_seconds, "max_lag": request.max_lag,
             "retire_previous": request.retire_previous, "alias": request.alias,
-            "catch_up_timeout_minutes": request.catch_up_timeout_minutes}
+            "catch_up_timeout_minutes": request.catch_up_timeout_minutes,
+            "experiment": request.experiment.to_json() if request.experiment else None}
 
 
 def checked(kind: str, conf: Mapping[str, Any], project_dir: Path) -> dict[str, Any]:

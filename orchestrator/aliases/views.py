@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from orchestrator.aliases import columns
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError
 from orchestrator.models import DeployedVersion
@@ -21,11 +22,6 @@ from orchestrator.naming import validate_name
 
 LOCK_TIMEOUT_MS = 500
 ATTEMPTS = 40
-
-
-def same_columns(a: DeployedVersion, b: DeployedVersion) -> bool:
-    return a.spec.output_schema == b.spec.output_schema and \
-        a.spec.key_columns == b.spec.key_columns
 
 
 def _key_text(keys: Sequence[str]) -> sql.Composable:
@@ -38,17 +34,22 @@ def _key_text(keys: Sequence[str]) -> sql.Composable:
 def view_query(catalog_schema: str, data_schema: str, alias: str,
                versions: Sequence[DeployedVersion], version_column: str | None = None
                ) -> sql.Composed:
-    """``version_column``: a last column naming the version that serves the row."""
+    """One branch per version, ``versions[0]`` the primary (see columns.py for the columns a
+    branch without one gives NULL); ``version_column``: a last column naming the version that
+    serves the row."""
     spec = versions[0].spec
-    columns = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
-                                 for c in spec.output_columns)
+    view_columns = columns.shape(versions)
     named = None if version_column is None else sql.Identifier(
         validate_name(version_column, "alias_version_column"))
 
-    def selected(version: str) -> sql.Composable:
-        if named is None:
-            return columns
-        return sql.SQL("{}, {}::text AS {}").format(columns, sql.Literal(version), named)
+    def selected(v: DeployedVersion) -> sql.Composable:
+        has = set(v.spec.output_columns)
+        parts = [sql.SQL("t.{}").format(sql.Identifier(c)) if c in has
+                 else sql.SQL("NULL::{} AS {}").format(sql.SQL(kind), sql.Identifier(c))
+                 for c, kind in view_columns]
+        if named is not None:
+            parts.append(sql.SQL("{}::text AS {}").format(sql.Literal(v.version), named))
+        return sql.SQL(", ").join(parts)
 
     bucket = sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
                                                  _key_text(spec.key_columns))
@@ -57,7 +58,7 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
             "SELECT {columns} FROM {table} AS t CROSS JOIN {aliases} AS a "
             "WHERE a.name = {alias} AND ((a.primary_version = {version} AND {bucket} >= a.percent)"
             " OR (a.candidate_version = {version} AND {bucket} < a.percent))"
-        ).format(columns=selected(v.version), table=qualified(data_schema, v.output_table),
+        ).format(columns=selected(v), table=qualified(data_schema, v.output_table),
                  aliases=qualified(catalog_schema, "aliases"), alias=sql.Literal(alias),
                  version=sql.Literal(v.version), bucket=bucket)
         for v in versions
@@ -67,15 +68,20 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
 
 def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: str,
                 serving_schema: str, reader_role: str, alias: str,
-                versions: Sequence[DeployedVersion], replace_columns: bool,
-                version_column: str | None = None) -> None:
+                versions: Sequence[DeployedVersion], version_column: str | None = None) -> None:
     """(Re)define the view inside the caller's transaction, with bounded lock waits.
 
-    ``replace_columns``: the columns change, so the view is dropped and created (grants are given
-    again in the same transaction); otherwise CREATE OR REPLACE keeps them.
-    """
+    CREATE OR REPLACE keeps the grants, and can only append columns: when the view's columns
+    change otherwise, it is dropped and created (grants are given again in the same
+    transaction)."""
     view = qualified(serving_schema, alias)
     body = view_query(catalog_schema, data_schema, alias, versions, version_column)
+    wanted = [c for c, _ in columns.shape(versions)] + ([version_column] if version_column
+                                                          else [])
+    existing = [r[0] for r in conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND "
+        "table_name = %s ORDER BY ordinal_position", (serving_schema, alias))]
+    replace_columns = bool(existing) and wanted[:len(existing)] != existing
     for attempt in range(1, ATTEMPTS + 1):
         try:
             with conn.transaction():  # a savepoint: a lock timeout undoes only this attempt
@@ -91,6 +97,10 @@ def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: s
             return
         except psycopg.errors.LockNotAvailable:
             time.sleep(min(0.05 * attempt, 0.5))
+        except psycopg.errors.InvalidTableDefinition:
+            if replace_columns:
+                raise
+            replace_columns = True  # a column of the same name changed its type
     raise KappaError(
         f"could not redefine {serving_schema}.{alias}: readers kept it locked through "
         f"{ATTEMPTS} attempts of {LOCK_TIMEOUT_MS} ms; retry when long reader transactions end"

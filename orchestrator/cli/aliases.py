@@ -30,7 +30,8 @@ def run_alias_command(service: Any, args: argparse.Namespace) -> int:
         result = service.promote(args.job, args.version, args.alias, force=args.force,
                                  reason=args.reason)
     elif cmd == "ab":
-        result = service.ab(args.job, args.version, args.percent, args.alias, reason=args.reason)
+        result = service.ab(args.job, args.version, args.percent, args.alias, reason=args.reason,
+                            breaking=args.breaking)
     elif cmd == "rollback":
         result = service.rollback(args.job, args.alias, reason=args.reason, force=args.force)
     else:

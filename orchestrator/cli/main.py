@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                   alias=True)
     ab.add_argument("--percent", type=int, required=True)
     ab.add_argument("--reason")
+    ab.add_argument("--breaking", action="store_true",
+                    help="split even when the version removes output columns (its keys read "
+                    "NULL there); a version that only adds columns needs no flag")
 
     rb = _command(sub, "rollback", "back to what the alias served before this cutover", "job",
                   alias=True)

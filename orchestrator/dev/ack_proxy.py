@@ -139,8 +139,22 @@ async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.Str
     for ended in await asyncio.gather(requests, responses, return_exceptions=True):
         if isinstance(ended, wire.WireError):
             log.error("closing a connection on a message not understood: %s", ended)
-    for writer in (client_writer, broker_writer):
-        writer.close()
+    broker_writer.close()
+    await _close_after_the_client_read(client_reader, client_writer)
+
+
+async def _close_after_the_client_read(reader: asyncio.StreamReader,
+                                       writer: asyncio.StreamWriter) -> None:
+    # A socket closed with requests still unread in it sends a reset, and the client's kernel
+    # then drops the responses the client had not read yet: acknowledgements the ledger holds
+    # would never reach the producer. Half-close instead, and read until the client closes.
+    with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(_DRAIN_S):
+            while await reader.read(1 << 16):
+                pass
+    writer.close()
 
 
 async def serve(listen_port: int, broker_port: int, ledger_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
@@ -63,8 +64,10 @@ def describe(stage: Stage) -> str:
 
 class Cutover:
     def __init__(self, service: SwitchService, job: str, version: str, alias: str | None,
-                 say: Say):
+                 say: Say, *, pausing: bool = False):
         self.service, self.say = service, say
+        # Return, rather than sleep, when the next step is an outcome test's look to come.
+        self.pausing = pausing
         self.catalog = service.catalog
         self.job = validate_name(job, "job name")
         self.version = validate_name(version, "version")
@@ -103,7 +106,7 @@ class Cutover:
             self._check_still_running()
             self.say(f"step {index + 1}/{len(stages)}: {describe(stage)}")
             try:
-                self._visit(stage)
+                next_look = self._visit(stage)
             except ServiceUnavailableError:
                 raise  # the plan stays running: the same command resumes it once they are back
             except KappaError as exc:
@@ -112,6 +115,12 @@ class Cutover:
                 self._roll_back(reason)
                 raise KappaError(f"cutover of {self.job} {self.version} rolled back; {reason}")\
                     from exc
+            if next_look is not None:  # the plan runs on: the same call resumes it then
+                self.say(f"the next look is due at {next_look.isoformat()}")
+                return {"plan": self.plan_id, "job": self.job, "version": self.version,
+                        "alias": self.alias, "status": "waiting",
+                        "next_look_at": next_look.isoformat(),
+                        "steps": [describe(s) for s in stages]}
             self._advance(index + 1, "succeeded" if index + 1 == len(stages) else "running")
         return {"plan": self.plan_id, "job": self.job, "version": self.version,
                 "alias": self.alias, "status": "succeeded",
@@ -143,7 +152,8 @@ class Cutover:
         return self.plan_id
 
     # Stages --------------------------------------------------------------------------------
-    def _visit(self, stage: Stage) -> None:
+    def _visit(self, stage: Stage) -> datetime | None:
+        """Run the stage; the instant of its next look if it pauses before then."""
         if isinstance(stage, Validate):
             self._validate()
         elif isinstance(stage, Ramp):
@@ -151,9 +161,10 @@ class Cutover:
         elif isinstance(stage, Experiment):
             from orchestrator.plan.experiment import ExperimentRunner
 
-            ExperimentRunner(self, stage.design).run()
+            return ExperimentRunner(self, stage.design).run()
         else:
             self._soak(stage.seconds)
+        return None
 
     def _serving(self) -> dict[str, Any]:
         with self.catalog.connection() as conn:

@@ -61,7 +61,9 @@ class ExperimentRunner:
         return found
 
     # The stage -------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> datetime | None:
+        """Look until a decision; or, for a host that pauses between looks, return the
+        instant of the next look, which the same call made then takes."""
         host, design = self.host, self.design
         metrics = self.metrics()
         history = self._looks()
@@ -76,7 +78,10 @@ class ExperimentRunner:
         baseline = str(history[0]["evidence"]["baseline"])
         while True:
             host._check_still_running()
-            at = self._wait_until(started + timedelta(seconds=(number + 1) * design.look_seconds))
+            due = started + timedelta(seconds=(number + 1) * design.look_seconds)
+            at = self._wait_until(due)
+            if at is None:
+                return due
             number += 1
             look, evidence = self._look(metrics, baseline, started, at, percent, evidence_at)
             if look.decision.verdict != Verdict.NO_DATA:
@@ -96,7 +101,7 @@ class ExperimentRunner:
                 host.service.promote(host.job, host.version, host.alias,
                                      reason=f"cutover plan {host.plan_id}, look {number}: "
                                      f"{look.decision.reason}")
-                return
+                return None
             if look.percent != percent:
                 percent = look.percent
                 self._apply_share(percent, f"cutover plan {host.plan_id}, look {number}: "
@@ -189,12 +194,16 @@ class ExperimentRunner:
                           verdict=look.decision.verdict.value, reason=look.decision.reason,
                           evidence=evidence)
 
-    def _wait_until(self, when: datetime) -> datetime:
+    def _wait_until(self, when: datetime) -> datetime | None:
+        """The database's instant once ``when`` has come; None at once if it has not and the
+        host pauses between looks (Airflow defers instead of holding a worker slot)."""
         while True:
             with self.host.catalog.connection() as conn:
                 at = outcomes.now(conn)
             if at >= when:
                 return at
+            if self.host.pausing:
+                return None
             time.sleep(min(_POLL_S, (when - at).total_seconds()))
             self.host._check_still_running()
 

@@ -139,9 +139,10 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
         service.ab(JOB, "v2", 10)  # retired
 
 
-def test_versions_with_other_columns_promote_but_never_split(service, settings, topic,
-                                                             tmp_path: Path) -> None:
+def test_a_version_that_adds_columns_splits_and_one_that_removes_them_needs_breaking(
+        service, settings, topic, tmp_path: Path) -> None:
     from orchestrator.errors import ConflictError
+    from orchestrator.experiment.attribution import key_bucket
     from orchestrator.service import Orchestrator
 
     tag = uuid.uuid4().hex[:8]
@@ -158,27 +159,48 @@ def test_versions_with_other_columns_promote_but_never_split(service, settings, 
         'F.sum("duration_ms").alias("total_duration_ms"),',
         'F.sum("duration_ms").alias("total_duration_ms"), F.max("duration_ms").alias("max_ms"),')
     (tmp_path / "v3.py").write_text(v3)
-    service.deploy(job_file(tmp_path, "v1", topic))
+    service.deploy(job_file(tmp_path, "v2", topic))
     service.deploy(tmp_path / "v3.py")
-    for version in ("v1", "v3"):
+    for version in ("v2", "v3"):
         service.wait(JOB, version, timeout_s=300)
-    service.promote(JOB, "v1", force=True, reason="first")
-    assert service.diff(JOB, "v1", "v3").passed
-    with pytest.raises(ConflictError, match="other output columns"):
-        service.ab(JOB, "v3", 10, reason="split")
+    service.promote(JOB, "v2", force=True, reason="first")
+    assert service.diff(JOB, "v2", "v3").passed
+    # v3 only adds max_ms: a split serves it for v3's keys and NULL for v2's.
+    service.ab(JOB, "v3", 10, reason="split")
+    assert _columns(settings) == ["url", "views", "total_duration_ms", "max_ms"]
+    v2_rows = {url: (*row, None) for url, row in output(settings, f"{JOB}__v2").items()}
+    v3_rows = _v3_reference(settings, topic)
+    expected = {url: row for url, row in v2_rows.items() if key_bucket(url) >= 10} | {
+        url: row for url, row in v3_rows.items() if key_bucket(url) < 10}
+    assert _v3_alias_rows(settings) == expected
+    assert any(row[2] is not None for row in expected.values())
     service.promote(JOB, "v3", force=True, reason="new columns")
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        columns = [r[0] for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
-            "AND table_name = %s ORDER BY ordinal_position", (settings.serving_schema, JOB))]
         granted = conn.execute("SELECT has_table_privilege(%s, %s, 'SELECT')",
                                (settings.reader_role, f"{settings.serving_schema}.{JOB}"))
         assert granted.fetchone() == (True,)
-    assert columns == ["url", "views", "total_duration_ms", "max_ms"]
-    assert _v3_alias_rows(settings) == _v3_reference(settings, topic)
+    assert _columns(settings) == ["url", "views", "total_duration_ms", "max_ms"]
+    assert _v3_alias_rows(settings) == v3_rows
+    # v2 lacks max_ms: a split against v3 is refused in one line unless --breaking.
+    assert service.diff(JOB, "v3", "v2").passed
+    with pytest.raises(ConflictError, match=r"removes column\(s\) max_ms.*--breaking"):
+        service.ab(JOB, "v2", 20, reason="back, partly")
+    service.ab(JOB, "v2", 20, reason="back, partly", breaking=True)
+    split = _v3_alias_rows(settings)
+    assert {url: row for url, row in split.items() if key_bucket(url) < 20} == {
+        url: row for url, row in v2_rows.items() if key_bucket(url) < 20}
     service.rollback(JOB, reason="back")
-    assert _alias_rows(settings) == output(settings, f"{JOB}__v1") == compute(
-        settings.kafka_bootstrap, topic).v1
+    assert _v3_alias_rows(settings) == v3_rows
+    service.promote(JOB, "v2", reason="back")
+    assert _alias_rows(settings) == output(settings, f"{JOB}__v2") == compute(
+        settings.kafka_bootstrap, topic).v2
+
+
+def _columns(settings) -> list[str]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name = %s ORDER BY ordinal_position", (settings.serving_schema, JOB))]
 
 
 def _v3_alias_rows(settings) -> dict[str, tuple[int, int, int]]:
@@ -199,3 +221,66 @@ def _v3_reference(settings, topic: str) -> dict[str, tuple[int, int, int]]:
             views, total, longest = folded.get(url, (0, 0, -1))
             folded[url] = (views + 1, total + ms, max(longest, ms))
     return folded
+
+
+def test_user_profiles_v2_splits_beside_v1_and_readers_see_no_error(
+        service, settings, tmp_path: Path) -> None:
+    """v2 adds `region`: an A/B split serves it for v2's keys and NULL for v1's, while readers
+    query the alias the whole time."""
+    import threading
+
+    from orchestrator.experiment.attribution import key_bucket
+    from orchestrator.service import Orchestrator
+
+    from integration.stream_helpers import example
+
+    tag = uuid.uuid4().hex[:8]
+    settings = replace(settings, serving_schema=f"serving_{tag}")
+    service = Orchestrator(settings)
+    topics = {"profiles": f"profiles_{tag}"}
+    service.produce_sample(topics["profiles"], 4_000, seed=113, kind="profiles", users=400)
+    service.deploy(example(tmp_path, "user_profiles", topics))
+    service.deploy(example(tmp_path, "user_profiles_v2", topics))
+    for version in ("v1", "v2"):
+        service.wait("user_profiles", version, timeout_s=300)
+    service.promote("user_profiles", "v1", force=True, reason="first")
+    assert service.diff("user_profiles", "v1", "v2").passed
+    view = sql.SQL("{}.user_profiles").format(sql.Identifier(settings.serving_schema))
+    errors: list[BaseException] = []
+    reads = [0]
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    conn.execute(sql.SQL("SELECT * FROM {} WHERE user_id = ANY(%s)").format(
+                        view), (list(range(1, 401)),)).fetchall()
+                    reads[0] += 1
+        except BaseException as exc:  # any error a reader sees fails the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: reads[0] >= 20, 60, "readers reading the alias")
+        service.ab("user_profiles", "v2", 30, reason="regions for 30 %")
+        counted = reads[0]
+        wait_until(lambda: reads[0] >= counted + 20, 60, "readers reading the split")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL("SELECT user_id, region FROM {}").format(view)).fetchall()
+        v2 = dict(conn.execute(sql.SQL("SELECT user_id, region FROM {}.{}").format(
+            sql.Identifier(settings.data_schema),
+            sql.Identifier("user_profiles__v2"))).fetchall())
+    split = dict(rows)
+    assert len(split) == len(rows)  # no key served twice
+    assert {k: r for k, r in split.items() if key_bucket(str(k)) < 30} == {
+        k: r for k, r in v2.items() if key_bucket(str(k)) < 30}
+    assert all(r is None for k, r in split.items() if key_bucket(str(k)) >= 30)
+    assert any(r is not None for r in split.values())

@@ -55,12 +55,42 @@ def test_the_checked_conf_names_the_job_and_is_plain_json() -> None:
     ({"job_file": V2, "max_lag": 1.5}, "max_lag must be a whole number"),
     ({"job_file": V2, "max_lag": True}, "max_lag must be a whole number"),
     ({"job_file": V2, "retire_previous": "yes"}, "retire_previous must be true or false"),
+    ({"job_file": V2, "metrics": ["converts"]}, 'metrics judge an outcome cutover: add "strategy"'),
+    ({"job_file": V2, "look_seconds": 5}, "look_seconds judge an outcome cutover"),
+    ({"job_file": V2, "strategy": "canary", "metrics": ["c"]}, 'strategy must be "ab" or'),
+    ({"job_file": V2, "strategy": "bandit"}, "needs at least one metric NAME"),
+    ({"job_file": V2, "strategy": "bandit", "metrics": "converts"}, "must be a list of metric"),
+    ({"job_file": V2, "strategy": "bandit", "metrics": ["c"], "min_percent": 60,
+      "max_percent": 40}, "min_percent"),
+    ({"job_file": V2, "strategy": "ab", "metrics": ["c"], "max_step": 2.5},
+     "max_step must be a whole number"),
+    ({"job_file": V2, "strategy": "ab", "metrics": ["c"], "alpha": 0.7}, "alpha must be in"),
+    ({"job_file": V2, "strategy": "ab", "metrics": ["c", "c"]}, "metric names repeat"),
+    ({"job_file": V2, "strategy": "ab", "metrics": ["no good"]}, "metric name"),
 ])
 def test_bad_confs_get_one_line_saying_what_to_fix(conf: dict, says: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_reprocess(conf, ROOT)
     assert says in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_an_outcome_conf_becomes_the_design_the_cli_would_make() -> None:
+    from orchestrator.experiment.design import ExperimentDesign, Strategy
+
+    conf = {"job_file": V2, "strategy": "bandit", "metrics": ["converts", "errors"],
+            "start_percent": 20, "min_percent": 10, "max_percent": 60, "max_step": 20,
+            "look_seconds": 2, "max_duration": 600, "no_data_timeout": 60, "alpha": 0.05,
+            "mixture_sd": 0.2, "min_per_arm": 200, "allow_non_inferior": True}
+    checked = checked_reprocess(conf, ROOT)
+    assert json.loads(json.dumps(checked)) == checked
+    design = ExperimentDesign.from_json(checked["experiment"])
+    assert design == ExperimentDesign(
+        Strategy.BANDIT, ("converts", "errors"), start_percent=20, min_percent=10,
+        max_percent=60, max_step=20, look_seconds=2.0, max_duration_s=600.0,
+        no_data_timeout_s=60.0, alpha=0.05, mixture_sd=0.2, min_per_arm=200,
+        allow_non_inferior=True)
+    assert checked_reprocess({"job_file": V2}, ROOT)["experiment"] is None
 
 
 def test_a_hostile_alias_is_refused() -> None:

@@ -1,0 +1,74 @@
+"""Which versions one alias view can serve together, and with which columns (pure).
+
+A view has one list of columns. Versions that agree on their key columns and on the type of
+every column they share fit in one view: its columns are the primary's, in order, then each
+column another version adds, in the order the versions were deployed; a branch without a
+column gives NULL for it. Serving a candidate beside the primary (an A/B split) is allowed when
+the candidate only adds columns; one that removes a column needs ``--breaking`` (its keys get
+NULL there); a retyped column or other key columns never split, since a view's column has one
+type and a split routes by one key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.errors import ConflictError
+from orchestrator.models import DeployedVersion
+
+Shape = tuple[tuple[str, str], ...]  # (column, PostgreSQL type)
+
+
+@dataclass(frozen=True)
+class ColumnChange:
+    """From one version's output columns to another's."""
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    retyped: tuple[tuple[str, str, str], ...]  # (column, type before, type after)
+    keys_differ: bool
+
+    @property
+    def fits_one_view(self) -> bool:
+        return not self.retyped and not self.keys_differ
+
+
+def change(before: DeployedVersion, after: DeployedVersion) -> ColumnChange:
+    old, new = dict(before.spec.output_schema), dict(after.spec.output_schema)
+    return ColumnChange(
+        added=tuple(c for c in new if c not in old),
+        removed=tuple(c for c in old if c not in new),
+        retyped=tuple((c, old[c], new[c]) for c in new if c in old and old[c] != new[c]),
+        keys_differ=before.spec.key_columns != after.spec.key_columns)
+
+
+def fits(primary: DeployedVersion, other: DeployedVersion) -> bool:
+    return change(primary, other).fits_one_view
+
+
+def check_split(primary: DeployedVersion, candidate: DeployedVersion, *, breaking: bool
+                ) -> None:
+    """Refuse in one line an A/B split that would give readers rows they cannot read alike."""
+    c = change(primary, candidate)
+    pair = f"{candidate.job} {candidate.version} against {primary.version}"
+    if c.keys_differ:
+        raise ConflictError(f"{pair}: other key columns ({', '.join(candidate.spec.key_columns)}"
+                            f" instead of {', '.join(primary.spec.key_columns)}), so no split "
+                            "can route by key; `kappa promote` it instead")
+    if c.retyped:
+        retyped = ", ".join(f"{col} {was} -> {now}" for col, was, now in c.retyped)
+        raise ConflictError(f"{pair}: retyped column(s) {retyped}; a view's column has one "
+                            "type, so no split can serve both; `kappa promote` it instead")
+    if c.removed and not breaking:
+        raise ConflictError(f"{pair}: it removes column(s) {', '.join(c.removed)}, which its "
+                            "keys would read as NULL; add --breaking to split anyway, or "
+                            "`kappa promote` it")
+
+
+def shape(versions: Sequence[DeployedVersion]) -> Shape:
+    """The view's columns; ``versions[0]`` is the primary."""
+    found = dict(versions[0].spec.output_schema)
+    for v in versions[1:]:
+        for column, kind in v.spec.output_schema:
+            found.setdefault(column, kind)
+    return tuple(found.items())

@@ -1,0 +1,56 @@
+"""Which versions one alias view serves together, and which splits are refused (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from orchestrator.aliases.columns import change, check_split, fits, shape
+from orchestrator.errors import ConflictError
+from orchestrator.models import DeployedVersion
+
+
+def _version(label: str, schema: dict[str, str], keys: tuple[str, ...] = ("user_id",)
+             ) -> DeployedVersion:
+    from orchestrator.jobspec import load_job_file
+
+    from conftest import ROOT
+
+    spec = load_job_file(ROOT / "jobs" / "user_profiles" / "v1.py")
+    spec = replace(spec, version=label, output_schema=tuple(schema.items()), key_columns=keys)
+    return DeployedVersion(id=1, spec=spec, output_table=f"t_{label}",
+                           dead_letter_table=f"d_{label}", checkpoint_dir="c",
+                           consumer_group="g", log_start={},
+                           created_at=datetime(2026, 11, 1, tzinfo=UTC))
+
+
+V1 = {"user_id": "bigint", "plan": "text", "city": "text"}
+V2 = {"user_id": "bigint", "plan": "text", "region": "text", "city": "text"}
+
+
+def test_a_version_that_only_adds_columns_splits_and_fits() -> None:
+    v1, v2 = _version("v1", V1), _version("v2", V2)
+    assert change(v1, v2).added == ("region",) and not change(v1, v2).removed
+    check_split(v1, v2, breaking=False)
+    assert fits(v1, v2) and fits(v2, v1)
+    # The primary's columns in order, then what the others add.
+    assert shape([v1, v2]) == (("user_id", "bigint"), ("plan", "text"), ("city", "text"),
+                               ("region", "text"))
+    assert shape([v2, v1]) == tuple(V2.items())
+
+
+def test_removing_a_column_needs_breaking_and_retyping_or_other_keys_never_split() -> None:
+    v1, v2 = _version("v1", V1), _version("v2", V2)
+    with pytest.raises(ConflictError, match=r"removes column\(s\) region.*--breaking"):
+        check_split(v2, v1, breaking=False)
+    check_split(v2, v1, breaking=True)
+    retyped = _version("v3", {**V1, "plan": "bigint"})
+    with pytest.raises(ConflictError, match=r"retyped column.*plan text -> bigint"):
+        check_split(v1, retyped, breaking=True)
+    assert not fits(v1, retyped)
+    rekeyed = _version("v4", V1, keys=("plan",))
+    with pytest.raises(ConflictError, match="other key columns"):
+        check_split(v1, rekeyed, breaking=True)
+    assert not fits(v1, rekeyed)
