@@ -60,6 +60,8 @@ with DAG(
                           description="test by the readers' outcomes instead of the ramp"),
         "metrics": Param([], type="array", items={"type": "string"},
                          description="outcome metrics (kappa metric define), with strategy"),
+        "breaking": Param(False, type="boolean",
+                          description="allow a split whose version removes or retypes columns"),
     },
 ) as dag:
     request = check_conf("reprocess", PROJECT_DIR)
@@ -75,7 +77,7 @@ with DAG(
     cutover = KappaCutoverOperator(
         task_id="ramp_and_promote", job=request["job"], version=request["version"],
         ramp=request["ramp"], soak_seconds=request["soak_seconds"], alias=request["alias"],
-        experiment=request["experiment"], retries=1)
+        experiment=request["experiment"], breaking=request["breaking"], retries=1)
     retire = KappaRetireOperator(
         task_id="retire_previous", job=request["job"], enabled=request["retire_previous"],
         version="{{ ti.xcom_pull(task_ids='ramp_and_promote')['previous'] }}")

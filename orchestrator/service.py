@@ -123,11 +123,12 @@ class Orchestrator:
 
     def cutover(self, job: str, version: str, *, ramp: list[int], soak_seconds: float,
                 alias: str | None = None, say: Callable[[str], None] | None = None,
-                experiment: ExperimentDesign | None = None, pausing: bool = False
-                ) -> dict[str, Any]:
+                experiment: ExperimentDesign | None = None, pausing: bool = False,
+                breaking: bool = False) -> dict[str, Any]:
         """Ramp with soaks; or, given an ``experiment``, test by the readers' outcomes
         (``pausing``: return with status ``waiting`` when the next look is still to come)."""
-        plan = Cutover(self, job, version, alias, say or (lambda _: None), pausing=pausing)
+        plan = Cutover(self, job, version, alias, say or (lambda _: None), pausing=pausing,
+                       breaking=breaking)
         return plan.run_experiment(experiment) if experiment else plan.run(ramp, soak_seconds)
 
     def abort_cutover(self, job: str, version: str, *, reason: str, alias: str | None = None

@@ -203,7 +203,8 @@ class Switchboard:
         the routing serves; return the view's new version list when it had to be
         (re)defined, else None (no DDL)."""
         begins = after.candidate is not None and after.candidate != before.candidate
-        if after.serves() <= set(view_versions) and not begins:
+        leaves = before.serves() - after.serves()
+        if after.serves() <= set(view_versions) and not begins and not leaves:
             return None
         deployed = {v.version: v for v in self._live_versions(job)}
         primary = deployed.get(after.primary) if after.primary else None
@@ -213,9 +214,13 @@ class Switchboard:
                              "retired: it cannot be served")
         if candidate is not None and begins:
             columns.check_split(primary, candidate, breaking=self.breaking)
-        if after.serves() <= set(view_versions):
+        # A version that left and does not fit beside the primary (a --breaking split ended)
+        # leaves the view, so that its columns get their own types back.
+        misfits = [v for v in view_versions if v in leaves and v in deployed
+                   and not columns.fits(primary, deployed[v])]
+        if after.serves() <= set(view_versions) and not misfits:
             return None
-        branch = self._branch(primary, deployed)
+        branch = self._branch(primary, deployed, candidate)
         views.define_view(self.conn, catalog_schema=self.s.catalog_schema,
                           data_schema=self.s.data_schema, serving_schema=self.s.serving_schema,
                           reader_role=self.s.reader_role, alias=alias, versions=branch,
@@ -223,12 +228,14 @@ class Switchboard:
         return [v.version for v in branch]
 
     @staticmethod
-    def _branch(primary: DeployedVersion, deployed: dict[str, DeployedVersion]
-                ) -> list[DeployedVersion]:
-        """The versions one view serves: the primary first, then every live version that fits
-        beside it (columns.py), so that switching to any of them needs no DDL."""
-        return [primary, *(v for v in deployed.values()
-                           if v is not primary and columns.fits(primary, v))]
+    def _branch(primary: DeployedVersion, deployed: dict[str, DeployedVersion],
+                candidate: DeployedVersion | None) -> list[DeployedVersion]:
+        """The versions one view serves: the primary first, the candidate (which may not fit,
+        in a --breaking split), then every live version that fits beside the primary
+        (columns.py), so that switching to any of them needs no DDL."""
+        served = [primary] if candidate in (None, primary) else [primary, candidate]
+        return [*served, *(v for v in deployed.values()
+                           if v not in served and columns.fits(primary, v))]
 
     def refresh_views(self, job: str) -> None:
         """After a deploy: give every alias of the job a branch for a new compatible version,
@@ -244,7 +251,8 @@ class Switchboard:
                 primary = deployed.get(routing.primary) if routing.primary else None
                 if primary is None:
                     continue
-                branch = self._branch(primary, deployed)
+                candidate = deployed.get(routing.candidate) if routing.candidate else None
+                branch = self._branch(primary, deployed, candidate)
                 if {v.version for v in branch} <= set(view_versions):
                     continue
                 views.define_view(self.conn, catalog_schema=schema,

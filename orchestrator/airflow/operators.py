@@ -155,17 +155,18 @@ class KappaCutoverOperator(KappaBaseOperator):
     """
 
     template_fields: Sequence[str] = ("job", "version", "ramp", "soak_seconds", "alias",
-                                      "experiment")
+                                      "experiment", "breaking")
 
     def __init__(self, *, job: str, version: str, ramp: Any = (10, 50, 100),
                  soak_seconds: Any = 60, alias: str | None = None, experiment: Any = None,
-                 **kwargs: Any):
+                 breaking: Any = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.job, self.version, self.alias = job, version, alias
         self.ramp, self.soak_seconds = ramp, soak_seconds
         # An outcome cutover's design (ExperimentDesign.to_json()) instead of the ramp: the
         # task defers between its looks, holding no worker slot.
         self.experiment = experiment
+        self.breaking = breaking  # the split may remove or retype columns
 
     def execute_complete(self, context: Any, event: Any = None) -> dict[str, Any]:
         """The next look is due: the same call resumes the plan from the catalog."""
@@ -207,7 +208,8 @@ class KappaCutoverOperator(KappaBaseOperator):
                                      ramp=[int(p) for p in self.ramp],
                                      soak_seconds=float(self.soak_seconds),
                                      alias=alias, say=self.log.info, experiment=design,
-                                     pausing=design is not None)
+                                     pausing=design is not None,
+                                     breaking=self.breaking in (True, "True", "true"))
         if result["status"] == "waiting":
             from datetime import datetime
 

@@ -25,6 +25,7 @@ REPROCESS_DEFAULTS: dict[str, Any] = {
     "catch_up_timeout_minutes": 720,
     "strategy": None,
     "metrics": [],
+    "breaking": False,
 }
 # An outcome cutover's options, named as `kappa cutover`'s flags are: conf key -> design field.
 EXPERIMENT_OPTIONS = {
@@ -49,6 +50,7 @@ class ReprocessRequest:
     alias: str | None
     catch_up_timeout_minutes: float
     experiment: ExperimentDesign | None = None  # an outcome cutover instead of the ramp
+    breaking: bool = False  # the split may remove or retype columns (kappa ab --breaking)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequ
         catch_up_timeout_minutes=float(_number(merged, "catch_up_timeout_minutes",
                                                integer=False)),
         experiment=parse_experiment(merged),
+        breaking=_flag(merged, "breaking"),
     )
 
 
@@ -202,7 +205,8 @@ def checked_reprocess(conf: Mapping[str, Any], project_dir: Path) -> dict[str, A
             "soak_seconds": request.soak_seconds, "max_lag": request.max_lag,
             "retire_previous": request.retire_previous, "alias": request.alias,
             "catch_up_timeout_minutes": request.catch_up_timeout_minutes,
-            "experiment": request.experiment.to_json() if request.experiment else None}
+            "experiment": request.experiment.to_json() if request.experiment else None,
+            "breaking": request.breaking}
 
 
 def checked(kind: str, conf: Mapping[str, Any], project_dir: Path) -> dict[str, Any]:

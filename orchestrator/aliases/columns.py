@@ -4,9 +4,10 @@ A view has one list of columns. Versions that agree on their key columns and on 
 every column they share fit in one view: its columns are the primary's, in order, then each
 column another version adds, in the order the versions were deployed; a branch without a
 column gives NULL for it. Serving a candidate beside the primary (an A/B split) is allowed when
-the candidate only adds columns; one that removes a column needs ``--breaking`` (its keys get
-NULL there); a retyped column or other key columns never split, since a view's column has one
-type and a split routes by one key.
+the candidate only adds columns. One that removes or retypes a column needs ``--breaking``:
+the removed column reads NULL for its keys, and a retyped one is served as text by every
+branch while both versions serve (a view's column has one type), then with the type of the
+version that serves alone. Other key columns never split: a split routes by one key.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ def check_split(primary: DeployedVersion, candidate: DeployedVersion, *, breakin
         raise ConflictError(f"{pair}: other key columns ({', '.join(candidate.spec.key_columns)}"
                             f" instead of {', '.join(primary.spec.key_columns)}), so no split "
                             "can route by key; `kappa promote` it instead")
-    if c.retyped:
+    if c.retyped and not breaking:
         retyped = ", ".join(f"{col} {was} -> {now}" for col, was, now in c.retyped)
-        raise ConflictError(f"{pair}: retyped column(s) {retyped}; a view's column has one "
-                            "type, so no split can serve both; `kappa promote` it instead")
+        raise ConflictError(f"{pair}: retyped column(s) {retyped}; add --breaking to split "
+                            "anyway (readers get them as text while both serve), or `kappa "
+                            "promote` it")
     if c.removed and not breaking:
         raise ConflictError(f"{pair}: it removes column(s) {', '.join(c.removed)}, which its "
                             "keys would read as NULL; add --breaking to split anyway, or "
@@ -66,9 +68,11 @@ def check_split(primary: DeployedVersion, candidate: DeployedVersion, *, breakin
 
 
 def shape(versions: Sequence[DeployedVersion]) -> Shape:
-    """The view's columns; ``versions[0]`` is the primary."""
+    """The view's columns; ``versions[0]`` is the primary. A column whose versions disagree on
+    its type (in a ``--breaking`` split) is text."""
     found = dict(versions[0].spec.output_schema)
     for v in versions[1:]:
         for column, kind in v.spec.output_schema:
-            found.setdefault(column, kind)
+            if found.setdefault(column, kind) != kind:
+                found[column] = "text"
     return tuple(found.items())

@@ -43,9 +43,11 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
         validate_name(version_column, "alias_version_column"))
 
     def selected(v: DeployedVersion) -> sql.Composable:
-        has = set(v.spec.output_columns)
-        parts = [sql.SQL("t.{}").format(sql.Identifier(c)) if c in has
-                 else sql.SQL("NULL::{} AS {}").format(sql.SQL(kind), sql.Identifier(c))
+        own = dict(v.spec.output_schema)
+        parts = [sql.SQL("NULL::{} AS {}").format(sql.SQL(kind), sql.Identifier(c))
+                 if c not in own else sql.SQL("t.{}").format(sql.Identifier(c))
+                 if own[c] == kind else sql.SQL("t.{}::text AS {}").format(sql.Identifier(c),
+                                                                          sql.Identifier(c))
                  for c, kind in view_columns]
         if named is not None:
             parts.append(sql.SQL("{}::text AS {}").format(sql.Literal(v.version), named))

@@ -11,6 +11,10 @@ from orchestrator.cli import outcomes as outcome_commands
 from orchestrator.cli.output import ProgressBar, print_error, print_json, status_table, table
 from orchestrator.errors import KappaError
 
+BREAKING_HELP = ("split even when the version removes output columns (its keys read NULL "
+                 "there) or retypes them (served as text while both serve); a version that "
+                 "only adds columns needs no flag")
+
 
 def _command(sub: Any, name: str, text: str, *positionals: str, alias: bool = False,
              json: bool = True) -> argparse.ArgumentParser:
@@ -91,9 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                   alias=True)
     ab.add_argument("--percent", type=int, required=True)
     ab.add_argument("--reason")
-    ab.add_argument("--breaking", action="store_true",
-                    help="split even when the version removes output columns (its keys read "
-                    "NULL there); a version that only adds columns needs no flag")
+    ab.add_argument("--breaking", action="store_true", help=BREAKING_HELP)
 
     rb = _command(sub, "rollback", "back to what the alias served before this cutover", "job",
                   alias=True)
@@ -105,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                   "version", alias=True)
     co.add_argument("--ramp", default="10,50,100", help="percentages, e.g. 10,50,100")
     co.add_argument("--soak", type=float, default=60.0, help="seconds at each step")
+    co.add_argument("--breaking", action="store_true", help=BREAKING_HELP)
     outcome_commands.add_cutover_options(co)
     outcome_commands.add_commands(sub, _command)
 
@@ -221,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
                 from exc
         plan = service.cutover(args.job, args.version, ramp=ramp, soak_seconds=args.soak,
                                alias=args.alias, say=None if args.json else print,
-                               experiment=outcome_commands.design(args))
+                               experiment=outcome_commands.design(args),
+                               breaking=args.breaking)
         if args.json:
             print_json(plan)
         elif plan["status"] != "already_serving":  # the plan said so already

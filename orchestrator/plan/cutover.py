@@ -44,7 +44,7 @@ class SwitchService(Protocol):
                 reason: str | None = None) -> dict[str, Any]: ...
 
     def ab(self, job: str, version: str, percent: int, alias: str | None = None, *,
-           reason: str | None = None) -> dict[str, Any]: ...
+           reason: str | None = None, breaking: bool = False) -> dict[str, Any]: ...
 
     def rollback(self, job: str, alias: str | None = None, *, reason: str | None = None,
                  force: bool = False) -> dict[str, Any]: ...
@@ -64,8 +64,10 @@ def describe(stage: Stage) -> str:
 
 class Cutover:
     def __init__(self, service: SwitchService, job: str, version: str, alias: str | None,
-                 say: Say, *, pausing: bool = False):
+                 say: Say, *, pausing: bool = False, breaking: bool = False):
         self.service, self.say = service, say
+        # The split may remove or retype columns (`kappa ab --breaking`).
+        self.breaking = breaking
         # Return, rather than sleep, when the next step is an outcome test's look to come.
         self.pausing = pausing
         self.catalog = service.catalog
@@ -200,7 +202,8 @@ class Cutover:
         if percent == 100:
             self.service.promote(self.job, self.version, self.alias, reason=reason)
         else:
-            self.service.ab(self.job, self.version, percent, self.alias, reason=reason)
+            self.service.ab(self.job, self.version, percent, self.alias, reason=reason,
+                            breaking=self.breaking)
 
     def _soak(self, seconds: float) -> None:
         baseline = self._baseline()

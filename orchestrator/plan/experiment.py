@@ -134,7 +134,7 @@ class ExperimentRunner:
             return
         host.service.ab(host.job, host.version, percent, host.alias,
                         reason=reason or f"cutover plan {host.plan_id}: the share of the last "
-                                         f"look, {percent} %")
+                                         f"look, {percent} %", breaking=host.breaking)
 
     def _look(self, metrics: Sequence[OutcomeMetric], baseline: str, started: datetime,
               at: datetime, percent: int, evidence_at: datetime

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import job_file, wait_until
+from conftest import job_file, kappa_cli, wait_until
 from integration.helpers import output
 from reference import compute, normalise, read_log
 from reference_streams import valid_pageview as valid_event
@@ -139,7 +139,7 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
         service.ab(JOB, "v2", 10)  # retired
 
 
-def test_a_version_that_adds_columns_splits_and_one_that_removes_them_needs_breaking(
+def test_a_version_that_adds_columns_splits_and_one_that_removes_or_retypes_needs_breaking(
         service, settings, topic, tmp_path: Path) -> None:
     from orchestrator.errors import ConflictError
     from orchestrator.experiment.attribution import key_bucket
@@ -194,6 +194,52 @@ def test_a_version_that_adds_columns_splits_and_one_that_removes_them_needs_brea
     service.promote(JOB, "v2", reason="back")
     assert _alias_rows(settings) == output(settings, f"{JOB}__v2") == compute(
         settings.kafka_bootstrap, topic).v2
+
+    # v4 retypes total_duration_ms: refused in one line unless --breaking; with it, every
+    # branch serves the column as text; once the split ends, the column has its type back.
+    v4 = job_file(tmp_path, "v2", topic).read_text().replace(
+        'VERSION = "v2"', 'VERSION = "v4"').replace(
+        '"total_duration_ms": "bigint"}', '"total_duration_ms": "double precision"}')
+    (tmp_path / "v4.py").write_text(v4)
+    service.deploy(tmp_path / "v4.py")
+    service.wait(JOB, "v4", timeout_s=300)
+    assert service.diff(JOB, "v2", "v4").passed
+    with pytest.raises(ConflictError, match=r"retyped column\(s\) total_duration_ms bigint -> "
+                                            r"double precision; add --breaking"):
+        service.ab(JOB, "v4", 30, reason="retyped")
+    assert _type(settings, "total_duration_ms") == "bigint"
+    v2_counts = output(settings, f"{JOB}__v2")
+    service.ab(JOB, "v4", 30, reason="retyped", breaking=True)
+    assert _type(settings, "total_duration_ms") == "text"
+    assert service.serving(JOB).candidate == "v4"
+    assert _alias_rows(settings) == {url: (views, str(total))
+                                     for url, (views, total) in v2_counts.items()}
+    service.ab(JOB, "v4", 60, reason="more")  # the split goes on: no --breaking again
+    service.rollback(JOB, reason="back to bigint")
+    assert _type(settings, "total_duration_ms") == "bigint"
+    assert _alias_rows(settings) == v2_counts
+    service.promote(JOB, "v4", reason="retyped, whole")
+    assert _type(settings, "total_duration_ms") == "double precision"
+    assert _alias_rows(settings) == {url: (views, float(total))
+                                     for url, (views, total) in v2_counts.items()}
+    # `kappa cutover` back to v2 splits too: refused (and rolled back) unless --breaking.
+    ramp = ("cutover", JOB, "v2", "--ramp", "50,100", "--soak", "0")
+    refused = kappa_cli(settings, *ramp)
+    assert refused.returncode == 1 and "double precision -> bigint; add --breaking" in \
+        refused.stderr, refused.stderr
+    assert service.serving(JOB).primary == "v4" and service.serving(JOB).candidate is None
+    done = kappa_cli(settings, *ramp, "--breaking")
+    assert done.returncode == 0, done.stderr
+    assert _type(settings, "total_duration_ms") == "bigint"
+    assert _alias_rows(settings) == v2_counts
+
+
+def _type(settings, column: str) -> str:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = %s AND column_name = %s", (settings.serving_schema, JOB, column))
+        return str(found.fetchone()[0])
 
 
 def _columns(settings) -> list[str]:

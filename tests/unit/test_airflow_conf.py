@@ -67,6 +67,7 @@ def test_the_checked_conf_names_the_job_and_is_plain_json() -> None:
     ({"job_file": V2, "strategy": "ab", "metrics": ["c"], "alpha": 0.7}, "alpha must be in"),
     ({"job_file": V2, "strategy": "ab", "metrics": ["c", "c"]}, "metric names repeat"),
     ({"job_file": V2, "strategy": "ab", "metrics": ["no good"]}, "metric name"),
+    ({"job_file": V2, "breaking": "yes"}, "breaking must be true or false"),
 ])
 def test_bad_confs_get_one_line_saying_what_to_fix(conf: dict, says: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -91,6 +92,8 @@ def test_an_outcome_conf_becomes_the_design_the_cli_would_make() -> None:
         no_data_timeout_s=60.0, alpha=0.05, mixture_sd=0.2, min_per_arm=200,
         allow_non_inferior=True)
     assert checked_reprocess({"job_file": V2}, ROOT)["experiment"] is None
+    assert checked["breaking"] is False
+    assert checked_reprocess({"job_file": V2, "breaking": True}, ROOT)["breaking"] is True
 
 
 def test_a_hostile_alias_is_refused() -> None:

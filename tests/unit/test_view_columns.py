@@ -41,16 +41,32 @@ def test_a_version_that_only_adds_columns_splits_and_fits() -> None:
     assert shape([v2, v1]) == tuple(V2.items())
 
 
-def test_removing_a_column_needs_breaking_and_retyping_or_other_keys_never_split() -> None:
+def test_removing_or_retyping_a_column_needs_breaking_and_other_keys_never_split() -> None:
     v1, v2 = _version("v1", V1), _version("v2", V2)
     with pytest.raises(ConflictError, match=r"removes column\(s\) region.*--breaking"):
         check_split(v2, v1, breaking=False)
     check_split(v2, v1, breaking=True)
     retyped = _version("v3", {**V1, "plan": "bigint"})
-    with pytest.raises(ConflictError, match=r"retyped column.*plan text -> bigint"):
-        check_split(v1, retyped, breaking=True)
+    with pytest.raises(ConflictError, match=r"retyped column.*plan text -> bigint.*--breaking"):
+        check_split(v1, retyped, breaking=False)
+    check_split(v1, retyped, breaking=True)
+    # Not in the view unless it is the candidate of a --breaking split; then its column is
+    # text in every branch, whichever version is the primary.
     assert not fits(v1, retyped)
+    assert dict(shape([v1, retyped]))["plan"] == "text"
+    assert dict(shape([retyped, v1]))["plan"] == "text"
+    assert dict(shape([retyped, v2]))["user_id"] == "bigint"
     rekeyed = _version("v4", V1, keys=("plan",))
     with pytest.raises(ConflictError, match="other key columns"):
         check_split(v1, rekeyed, breaking=True)
     assert not fits(v1, rekeyed)
+
+
+def test_a_retyped_column_is_cast_to_text_only_in_the_branch_that_differs() -> None:
+    from orchestrator.aliases.views import view_query
+
+    v1 = _version("v1", V1)
+    retyped = _version("v3", {**V1, "plan": "bigint"})
+    text = view_query("kappa", "data", "user_profiles", [v1, retyped]).as_string(None)
+    first, second = text.split(" UNION ALL ")
+    assert '"plan"::text' not in first and 't."plan"::text AS "plan"' in second, text
