@@ -203,23 +203,29 @@ class Switchboard:
         the routing serves; return the view's new version list when it had to be
         (re)defined, else None (no DDL)."""
         begins = after.candidate is not None and after.candidate != before.candidate
-        leaves = before.serves() - after.serves()
-        if after.serves() <= set(view_versions) and not begins and not leaves:
+        leaves = (before.serves() - after.serves()) & set(view_versions)
+        in_view = after.serves() <= set(view_versions)
+        if in_view and not begins and not leaves:
             return None
         deployed = {v.version: v for v in self._live_versions(job)}
         primary = deployed.get(after.primary) if after.primary else None
         candidate = deployed.get(after.candidate) if after.candidate else None
-        if primary is None or (after.candidate and candidate is None):
-            raise StateError(f"{job} {after.primary if primary is None else after.candidate} is "
-                             "retired: it cannot be served")
-        if candidate is not None and begins:
-            columns.check_split(primary, candidate, breaking=self.breaking)
-        # A version that left and does not fit beside the primary (a --breaking split ended)
-        # leaves the view, so that its columns get their own types back.
-        misfits = [v for v in view_versions if v in leaves and v in deployed
-                   and not columns.fits(primary, deployed[v])]
-        if after.serves() <= set(view_versions) and not misfits:
-            return None
+        if in_view and not begins:
+            # A version left: only one that does not fit beside the primary (a --breaking
+            # split ended) takes DDL, so that the columns get the primary's types back. A
+            # primary retired since (a forced rollback) keeps the view it has.
+            if primary is None or all(columns.fits(primary, deployed[v])
+                                      for v in leaves if v in deployed):
+                return None
+        else:
+            if primary is None or (after.candidate and candidate is None):
+                raise StateError(f"{job} {after.primary if primary is None else after.candidate}"
+                                 " is retired: it cannot be served")
+            if candidate is not None and begins:
+                columns.check_split(primary, candidate, breaking=self.breaking)
+            if in_view:
+                return None
+        assert primary is not None
         branch = self._branch(primary, deployed, candidate)
         views.define_view(self.conn, catalog_schema=self.s.catalog_schema,
                           data_schema=self.s.data_schema, serving_schema=self.s.serving_schema,
@@ -231,11 +237,15 @@ class Switchboard:
     def _branch(primary: DeployedVersion, deployed: dict[str, DeployedVersion],
                 candidate: DeployedVersion | None) -> list[DeployedVersion]:
         """The versions one view serves: the primary first, the candidate (which may not fit,
-        in a --breaking split), then every live version that fits beside the primary
-        (columns.py), so that switching to any of them needs no DDL."""
-        served = [primary] if candidate in (None, primary) else [primary, candidate]
-        return [*served, *(v for v in deployed.values()
-                           if v not in served and columns.fits(primary, v))]
+        in a --breaking split), then every live version that fits beside each of those already
+        in (columns.py), so that switching to any of them needs no DDL."""
+        branch = [primary] if candidate in (None, primary) else [primary, candidate]
+        for v in deployed.values():
+            # Beside every version already in: two versions that add one column with two
+            # types would otherwise make it text for all.
+            if v not in branch and all(columns.fits(w, v) for w in branch):
+                branch.append(v)
+        return branch
 
     def refresh_views(self, job: str) -> None:
         """After a deploy: give every alias of the job a branch for a new compatible version,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
 
 _CONNECTION_FIELDS = ("postgres_conn_id", "kafka_conn_id", "project_dir")
+_RECHECK_S = 0.5  # the shortest deferral between an outcome test's looks
 
 
 @contextmanager
@@ -211,13 +212,15 @@ class KappaCutoverOperator(KappaBaseOperator):
                                      pausing=design is not None,
                                      breaking=self.breaking in (True, "True", "true"))
         if result["status"] == "waiting":
-            from datetime import datetime
+            from datetime import UTC, datetime, timedelta
 
             from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
-            self.defer(trigger=DateTimeTrigger(
-                moment=datetime.fromisoformat(result["next_look_at"])),
-                method_name="execute_complete")
+            # The look is due by the database's clock; a worker's clock ahead of it would
+            # otherwise wake the task again at once until the database's caught up.
+            soonest = datetime.now(UTC) + timedelta(seconds=_RECHECK_S)
+            due = max(datetime.fromisoformat(result["next_look_at"]), soonest)
+            self.defer(trigger=DateTimeTrigger(moment=due), method_name="execute_complete")
         return {"previous": previous, "status": result["status"], "plan": result["plan"],
                 "steps": result["steps"], "alias": result["alias"]}
 

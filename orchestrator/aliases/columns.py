@@ -7,7 +7,8 @@ column gives NULL for it. Serving a candidate beside the primary (an A/B split) 
 the candidate only adds columns. One that removes or retypes a column needs ``--breaking``:
 the removed column reads NULL for its keys, and a retyped one is served as text by every
 branch while both versions serve (a view's column has one type), then with the type of the
-version that serves alone. Other key columns never split: a split routes by one key.
+version that serves alone. Other key columns, or a key column of another type, never split:
+a split routes by the key's text, which must be the same in every branch.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class ColumnChange:
     added: tuple[str, ...]
     removed: tuple[str, ...]
     retyped: tuple[tuple[str, str, str], ...]  # (column, type before, type after)
-    keys_differ: bool
+    keys_differ: bool  # other key columns, or a key column of another type
 
     @property
     def fits_one_view(self) -> bool:
@@ -40,7 +41,10 @@ def change(before: DeployedVersion, after: DeployedVersion) -> ColumnChange:
         added=tuple(c for c in new if c not in old),
         removed=tuple(c for c in old if c not in new),
         retyped=tuple((c, old[c], new[c]) for c in new if c in old and old[c] != new[c]),
-        keys_differ=before.spec.key_columns != after.spec.key_columns)
+        # A key's text is what the split hashes: 7 and '007', or 1e+15 as a double, would
+        # bucket one key differently in the two branches.
+        keys_differ=before.spec.key_columns != after.spec.key_columns or any(
+            old.get(k) != new.get(k) for k in after.spec.key_columns))
 
 
 def fits(primary: DeployedVersion, other: DeployedVersion) -> bool:
@@ -53,9 +57,12 @@ def check_split(primary: DeployedVersion, candidate: DeployedVersion, *, breakin
     c = change(primary, candidate)
     pair = f"{candidate.job} {candidate.version} against {primary.version}"
     if c.keys_differ:
-        raise ConflictError(f"{pair}: other key columns ({', '.join(candidate.spec.key_columns)}"
-                            f" instead of {', '.join(primary.spec.key_columns)}), so no split "
-                            "can route by key; `kappa promote` it instead")
+        def keys(v: DeployedVersion) -> str:
+            kinds = dict(v.spec.output_schema)
+            return ", ".join(f"{k} {kinds.get(k, '?')}" for k in v.spec.key_columns)
+        raise ConflictError(f"{pair}: other key columns ({keys(candidate)} instead of "
+                            f"{keys(primary)}), so no split can route by key; `kappa "
+                            "promote` it instead")
     if c.retyped and not breaking:
         retyped = ", ".join(f"{col} {was} -> {now}" for col, was, now in c.retyped)
         raise ConflictError(f"{pair}: retyped column(s) {retyped}; add --breaking to split "

@@ -148,13 +148,15 @@ async def _close_after_the_client_read(reader: asyncio.StreamReader,
     # A socket closed with requests still unread in it sends a reset, and the client's kernel
     # then drops the responses the client had not read yet: acknowledgements the ledger holds
     # would never reach the producer. Half-close instead, and read until the client closes.
-    with contextlib.suppress(OSError, RuntimeError, TimeoutError):
-        if writer.can_write_eof():
-            writer.write_eof()
-        async with asyncio.timeout(_DRAIN_S):
-            while await reader.read(1 << 16):
-                pass
-    writer.close()
+    try:
+        with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+            if writer.can_write_eof():
+                writer.write_eof()
+            async with asyncio.timeout(_DRAIN_S):
+                while await reader.read(1 << 16):
+                    pass
+    finally:
+        writer.close()
 
 
 async def serve(listen_port: int, broker_port: int, ledger_path: Path) -> None:

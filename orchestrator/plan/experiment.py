@@ -26,8 +26,10 @@ from orchestrator.experiment.look import Look, take_look
 from orchestrator.experiment.metrics import OutcomeMetric, Role
 from orchestrator.experiment.policy import Judgement, Verdict
 from orchestrator.experiment.sequential import Stratum, arm_interval
+from orchestrator.failpoints import fail_point
 
 Say = Callable[[str], None]
+_DECISIONS = {Verdict.PROMOTE.value, Verdict.ROLL_BACK.value}
 _POLL_S = 1.0  # how often a wait between looks checks that the plan still runs
 
 
@@ -65,8 +67,11 @@ class ExperimentRunner:
         """Look until a decision; or, for a host that pauses between looks, return the
         instant of the next look, which the same call made then takes."""
         host, design = self.host, self.design
-        metrics = self.metrics()
         history = self._looks()
+        if history and history[-1]["verdict"] in _DECISIONS:
+            self._act_on(history[-1])
+            return None
+        metrics = self.metrics()
         if not history:
             history = [self._start()]
         started: datetime = history[0]["at"]
@@ -101,11 +106,26 @@ class ExperimentRunner:
                 host.service.promote(host.job, host.version, host.alias,
                                      reason=f"cutover plan {host.plan_id}, look {number}: "
                                      f"{look.decision.reason}")
+                fail_point("cutover.after_decision")
                 return None
             if look.percent != percent:
                 percent = look.percent
                 self._apply_share(percent, f"cutover plan {host.plan_id}, look {number}: "
                                            f"{_posterior(look)}")
+
+    def _act_on(self, look: dict[str, Any]) -> None:
+        """A look decided, and the run that took it ended before the plan did (a crash, a
+        catalog away): act on the stored decision rather than look again. A promote that
+        committed is not undone, nor done twice."""
+        host, number = self.host, int(look["look"])
+        if look["verdict"] == Verdict.ROLL_BACK.value:
+            raise KappaError(f"the outcome test decided to roll back at look {number}: "
+                             f"{look['reason']}")
+        info = host._serving()
+        if not (info["primary"] == host.version and not info["candidate"]):
+            host.service.promote(host.job, host.version, host.alias,
+                                 reason=f"cutover plan {host.plan_id}, look {number}: "
+                                 f"{look['reason']}")
 
     def _start(self) -> dict[str, Any]:
         """The first A/B switch, and look 0 at the instant it committed."""

@@ -113,6 +113,7 @@ def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed)
     _a_running_test_is_on_the_dashboard(deployed, tmp_path)
     _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
+    _a_cutover_killed_after_its_promote_keeps_it_when_run_again(deployed)
 
 
 def _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed) -> None:
@@ -245,6 +246,39 @@ def _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one
     table = kappa_cli(settings, "experiment", JOB)
     assert "statistic / threshold" in table.stdout.lower() and "promote" in table.stdout, \
         table.stdout
+
+
+def _a_cutover_killed_after_its_promote_keeps_it_when_run_again(deployed) -> None:
+    """The run that promoted dies before its plan ends (fail point cutover.after_decision):
+    run again, the plan acts on the stored decision; it neither looks again nor undoes the
+    promote (before, its first A/B step refused the promoted version and rolled it back)."""
+    settings, service, schema, keys = deployed
+    if service.serving(JOB).primary != "v1":
+        service.promote(JOB, "v1", force=True, reason="v1 again, for the next scenario")
+    args = ["cutover", JOB, "v2", *FAST, "--strategy", "ab", "--metric", "converts",
+            "--start-percent", "50"]
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    env = dict(os.environ, **settings.driver_environment(),
+               KAPPA_FAIL_POINTS="cutover.after_decision=1*exit")
+    app = Application(settings, schema, keys, {"v1": 0.30, "v2": 0.45},
+                      {"v1": 0.05, "v2": 0.05}, seed=24)
+    app.start()
+    try:
+        crashed = subprocess.run([kappa, *args], env=env, capture_output=True, text=True,
+                                 cwd=ROOT, timeout=300, check=False)
+    finally:
+        app.stop()
+    assert crashed.returncode == 86, crashed.stderr
+    before = service.outcomes.experiment(JOB)
+    assert before["status"] == "running" and before["verdict"] == "promote", before
+    assert service.serving(JOB).primary == "v2"
+    switches = len(service.history(JOB))
+    again = kappa_cli(settings, *args)
+    assert again.returncode == 0, again.stderr
+    found = service.outcomes.experiment(JOB)
+    assert (found["plan"], found["status"]) == (before["plan"], "succeeded"), found
+    assert len(found["looks"]) == len(before["looks"])  # no look after the decision
+    assert service.serving(JOB).primary == "v2" and len(service.history(JOB)) == switches
 
 
 def _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed) -> None:

@@ -60,6 +60,12 @@ def test_removing_or_retyping_a_column_needs_breaking_and_other_keys_never_split
     with pytest.raises(ConflictError, match="other key columns"):
         check_split(v1, rekeyed, breaking=True)
     assert not fits(v1, rekeyed)
+    # A key of another type hashes to other text ('007' against 7): never split.
+    key_retyped = _version("v5", {**V1, "user_id": "text"})
+    with pytest.raises(ConflictError, match=r"other key columns \(user_id text instead of "
+                                            r"user_id bigint\)"):
+        check_split(v1, key_retyped, breaking=True)
+    assert not fits(v1, key_retyped)
 
 
 def test_a_retyped_column_is_cast_to_text_only_in_the_branch_that_differs() -> None:
@@ -70,3 +76,18 @@ def test_a_retyped_column_is_cast_to_text_only_in_the_branch_that_differs() -> N
     text = view_query("kappa", "data", "user_profiles", [v1, retyped]).as_string(None)
     first, second = text.split(" UNION ALL ")
     assert '"plan"::text' not in first and 't."plan"::text AS "plan"' in second, text
+
+
+def test_two_versions_that_add_one_column_with_two_types_never_share_the_view() -> None:
+    from orchestrator.switching import Switchboard
+
+    v1 = _version("v1", V1)
+    v2, v3 = _version("v2", {**V1, "score": "bigint"}), _version("v3", {**V1, "score": "text"})
+    deployed = {"v1": v1, "v2": v2, "v3": v3}
+    # Deployed after v2, v3 waits for DDL rather than turn v2's score into text.
+    assert Switchboard._branch(v1, deployed, None) == [v1, v2]
+    assert dict(shape(Switchboard._branch(v1, deployed, None)))["score"] == "bigint"
+    assert Switchboard._branch(v1, deployed, v3) == [v1, v3]
+    # A --breaking split keeps its candidate in the view, and only what fits it too.
+    retyped = _version("v4", {**V1, "plan": "bigint"})
+    assert Switchboard._branch(v1, {**deployed, "v4": retyped}, retyped) == [v1, retyped]
