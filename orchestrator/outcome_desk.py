@@ -52,7 +52,18 @@ class OutcomeDesk:
         return [{"job": j, **_describe(m)} for j, m in found]
 
     def running(self) -> list[dict[str, Any]]:
-        return running(self)
+        """Every outcome cutover that runs now, with its last look (for the exporter)."""
+        schema = self.settings.catalog_schema
+        with self.catalog.connection() as conn:
+            rows = conn.execute(sql.SQL(
+                "SELECT p.job, p.alias, p.version, l.look, l.next_percent, l.verdict, "
+                "l.evidence FROM {plans} p JOIN LATERAL (SELECT * FROM {looks} x WHERE "
+                "x.plan_id = p.id ORDER BY x.look DESC LIMIT 1) l ON true WHERE p.status = "
+                "'running' ORDER BY p.alias").format(
+                plans=qualified(schema, "cutover_plans"),
+                looks=qualified(schema, "experiment_looks"))).fetchall()
+        keys = ("job", "alias", "version", "look", "share", "verdict", "evidence")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def experiment(self, job: str, alias: str | None = None) -> dict[str, Any] | None:
         """The alias's latest outcome cutover: its plan, design and looks (the last one's
@@ -78,20 +89,6 @@ class OutcomeDesk:
                 "share": last["next_percent"] if last else None,
                 "verdict": last["verdict"] if last else None,
                 "looks": looks}
-
-
-def running(desk: OutcomeDesk) -> list[dict[str, Any]]:
-    """Every outcome cutover that runs now, with its last look (for the exporter)."""
-    schema = desk.settings.catalog_schema
-    with desk.catalog.connection() as conn:
-        rows = conn.execute(sql.SQL(
-            "SELECT p.job, p.alias, p.version, l.look, l.next_percent, l.verdict, l.evidence "
-            "FROM {plans} p JOIN LATERAL (SELECT * FROM {looks} x WHERE x.plan_id = p.id "
-            "ORDER BY x.look DESC LIMIT 1) l ON true WHERE p.status = 'running' "
-            "ORDER BY p.alias").format(plans=qualified(schema, "cutover_plans"),
-                                       looks=qualified(schema, "experiment_looks"))).fetchall()
-    keys = ("job", "alias", "version", "look", "share", "verdict", "evidence")
-    return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
 def _describe(metric: OutcomeMetric) -> dict[str, Any]:
