@@ -3,6 +3,7 @@ job's metrics, and show an alias's latest outcome test with its evidence."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import sql
@@ -10,7 +11,9 @@ from psycopg import sql
 from orchestrator.catalog import events, outcomes
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.catalog.db import connect, qualified
+from orchestrator.errors import StateError
 from orchestrator.experiment.metrics import OutcomeMetric
+from orchestrator.metrics.promql import PrometheusOutcomes
 from orchestrator.naming import validate_name
 from orchestrator.plan.stages import Experiment, from_json
 
@@ -21,8 +24,9 @@ class OutcomeDesk:
         self.settings = catalog.settings
 
     def define(self, job: str, metric: OutcomeMetric) -> dict[str, Any]:
-        """Store the metric after its query ran once, read only, against the database it reads:
-        a query that fails, returns other columns or writes is refused in one line."""
+        """Store the metric after its query ran once, read only, against the database it reads
+        (Prometheus for PromQL): a query that fails, returns other columns or writes is refused
+        in one line."""
         validate_name(job, "job name")
         s = self.settings
         if metric.sql is not None:
@@ -30,6 +34,13 @@ class OutcomeDesk:
             with connect(s.outcomes_pg_dsn or dsn, autocommit=True) as conn:
                 outcomes.probe(conn, metric, since=outcomes.now(conn),
                                timeout_ms=s.metric_statement_timeout_ms)
+        if metric.promql is not None:
+            if not s.prometheus_url:
+                raise StateError(f"metric {metric.name} reads Prometheus: set "
+                                 "KAPPA_PROMETHEUS_URL (or prometheus_url in kappa.toml) to its "
+                                 "base URL, then define it again")
+            reader = PrometheusOutcomes(s.prometheus_url, s.metric_statement_timeout_ms / 1000)
+            reader.probe(metric, ["any"], datetime.now(UTC))
         with self.catalog.connection() as conn, conn.transaction():
             replaced = outcomes.define(conn, s.catalog_schema, job, metric)
             events.record(conn, s.catalog_schema, "metric_defined", job=job, replaced=replaced,
@@ -95,4 +106,5 @@ def _describe(metric: OutcomeMetric) -> dict[str, Any]:
     return {"metric": metric.name, "kind": metric.kind.value,
             "better": "higher" if metric.higher_is_better else "lower",
             "role": metric.role.value, "margin": metric.margin, "sql": metric.sql,
-            "promql": metric.promql}
+            "promql": metric.promql, "promql_count": metric.promql_count,
+            "promql_squares": metric.promql_squares}

@@ -92,6 +92,8 @@ class Settings:
     # A column of every alias view that names the version serving the row (e.g. "served_by"),
     # for applications that label their outcomes by it; None: no such column.
     alias_version_column: str | None = None
+    # Prometheus's base URL (e.g. http://127.0.0.1:9090), where PromQL outcome metrics are read.
+    prometheus_url: str | None = None
 
     @property
     def dev_stack_file(self) -> Path:

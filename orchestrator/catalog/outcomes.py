@@ -35,13 +35,16 @@ def define(conn: psycopg.Connection, schema: str, job: str, metric: OutcomeMetri
     """Insert or replace; True when it replaced a definition."""
     row = conn.execute(sql.SQL(
         "INSERT INTO {} AS m (job, name, kind, higher_is_better, role, margin, query_sql, "
-        "query_promql) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job, name) DO "
+        "query_promql, query_promql_count, query_promql_squares) VALUES (%s, %s, %s, %s, %s, "
+        "%s, %s, %s, %s, %s) ON CONFLICT (job, name) DO "
         "UPDATE SET kind = EXCLUDED.kind, higher_is_better = EXCLUDED.higher_is_better, "
         "role = EXCLUDED.role, margin = EXCLUDED.margin, query_sql = EXCLUDED.query_sql, "
-        "query_promql = EXCLUDED.query_promql, defined_at = now() "
-        "RETURNING (xmax <> 0)").format(qualified(schema, "outcome_metrics")),
+        "query_promql = EXCLUDED.query_promql, query_promql_count = "
+        "EXCLUDED.query_promql_count, query_promql_squares = EXCLUDED.query_promql_squares, "
+        "defined_at = now() RETURNING (xmax <> 0)").format(qualified(schema, "outcome_metrics")),
         (job, metric.name, metric.kind.value, metric.higher_is_better, metric.role.value,
-         metric.margin, metric.sql, metric.promql)).fetchone()
+         metric.margin, metric.sql, metric.promql, metric.promql_count,
+         metric.promql_squares)).fetchone()
     return bool(row and row[0])
 
 
@@ -54,11 +57,20 @@ def drop(conn: psycopg.Connection, schema: str, job: str, name: str) -> bool:
 def listed(conn: psycopg.Connection, schema: str, job: str | None
            ) -> list[tuple[str, OutcomeMetric]]:
     rows = conn.execute(sql.SQL(
-        "SELECT job, name, kind, higher_is_better, role, margin, query_sql, query_promql "
-        "FROM {} WHERE (%(job)s::text IS NULL OR job = %(job)s) ORDER BY job, name").format(
+        "SELECT job, name, kind, higher_is_better, role, margin, query_sql, query_promql, "
+        "query_promql_count, query_promql_squares FROM {} "
+        "WHERE (%(job)s::text IS NULL OR job = %(job)s) ORDER BY job, name").format(
         qualified(schema, "outcome_metrics")), {"job": job}).fetchall()
-    return [(r[0], OutcomeMetric(r[1], Kind(r[2]), r[3], Role(r[4]), r[5], r[6], r[7]))
-            for r in rows]
+    return [(r[0], _stored(*r)) for r in rows]
+
+
+def _stored(job: str, name: str, kind: str, higher: bool, role: str, margin: float,
+            *queries: str | None) -> OutcomeMetric:
+    try:
+        return OutcomeMetric(name, Kind(kind), higher, Role(role), margin, *queries)
+    except StateError as exc:  # a PromQL metric stored before it needed --promql-count
+        raise StateError(f"{exc} (stored for {job}): define it again with `kappa metric define "
+                         f"{job} {name} ...`, or `kappa metric drop {job} {name}`") from exc
 
 
 def resolve(conn: psycopg.Connection, schema: str, job: str, names: Sequence[str]

@@ -23,7 +23,12 @@ def add_commands(sub: Any, command: Command) -> None:
     query.add_argument("--sql", help="a SELECT of (key, value, observed_at) over the "
                        "application's tables, with a {since} placeholder")
     query.add_argument("--sql-file", type=Path, help="the same, read from a file")
-    query.add_argument("--promql", help="a PromQL query with a {version} placeholder")
+    query.add_argument("--promql", help="PromQL: the sum of the observed values served by "
+                       "{version} (conversions, for a proportion), from counters labelled by it")
+    d.add_argument("--promql-count", help="with --promql: the number of observations served by "
+                   "{version}")
+    d.add_argument("--promql-squares", help="with --promql, for a mean: the sum of the squared "
+                   "values served by {version}")
     d.add_argument("--kind", choices=[k.value for k in Kind], required=True,
                    help="proportion (values 0/1) or mean")
     d.add_argument("--better", choices=["higher", "lower"], required=True)
@@ -96,7 +101,9 @@ def run(service: Any, args: argparse.Namespace) -> int:
     if args.action == "define":
         text = args.sql_file.read_text() if args.sql_file else args.sql
         metric = OutcomeMetric(args.name, Kind(args.kind), args.better == "higher",
-                               Role(args.role), args.margin, sql=text, promql=args.promql)
+                               Role(args.role), args.margin, sql=text, promql=args.promql,
+                               promql_count=args.promql_count,
+                               promql_squares=args.promql_squares)
         result = desk.define(args.job, metric)
         print_json(result) if args.json else print(
             f"{'replaced' if result['replaced'] else 'defined'} outcome metric {args.name} of "

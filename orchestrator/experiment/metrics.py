@@ -1,8 +1,12 @@
 """Outcome metrics: what readers of an alias do, declared once per job (pure).
 
 A metric is a SQL query over the application's own tables that returns observations
-``(key, value, observed_at)``, limited by a ``{since}`` placeholder, or a PromQL query with a
-``{version}`` placeholder. It says which direction is better, whether it is a proportion (0/1
+``(key, value, observed_at)``, limited by a ``{since}`` placeholder, or PromQL over counters
+that the application labels by the version that served each reader, each query with a
+``{version}`` placeholder: ``promql`` is the sum of the observed values (conversions, for a
+proportion), ``promql_count`` the number of observations, and, for a mean, ``promql_squares``
+the sum of the squared values, since the test needs each arm's variance (a Summary's ``_sum``
+and ``_count`` give no variance). It says which direction is better, whether it is a proportion (0/1
 values) or a mean, and whether it decides the test or guards it: a guardrail must not be worse
 than the baseline by more than its margin, relative to the baseline's mean."""
 
@@ -38,6 +42,8 @@ class OutcomeMetric:
     margin: float = 0.0  # relative to the baseline's mean: how much worse still passes
     sql: str | None = None
     promql: str | None = None
+    promql_count: str | None = None
+    promql_squares: str | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, "metric name")
@@ -56,9 +62,32 @@ class OutcomeMetric:
                                  "{since} placeholder, e.g. WHERE observed_at >= {since}")
             if ";" in self.sql.strip().rstrip(";") or _WRITE.search(_without_strings(self.sql)):
                 raise StateError(f"{where}: its SQL must be one SELECT that changes nothing")
-        if self.promql is not None and "{version}" not in self.promql:
-            raise StateError(f"{where}: its PromQL must select the serving version with a "
-                             "{version} placeholder, e.g. clicks_total{served_by=\"{version}\"}")
+        if self.promql is None:
+            if self.promql_count is not None or self.promql_squares is not None:
+                raise StateError(f"{where}: --promql-count and --promql-squares go with "
+                                 "--promql, not with --sql")
+            return
+        for flag, text in self.promql_queries().items():
+            if "{version}" not in text:
+                raise StateError(f"{where}: its {flag} must select the serving version with a "
+                                 "{version} placeholder, e.g. "
+                                 "clicks_total{served_by=\"{version}\"}")
+        if self.promql_count is None:
+            raise StateError(f"{where}: a PromQL metric also needs --promql-count, the number "
+                             "of observations per version, e.g. "
+                             "sum(reads_total{served_by=\"{version}\"})")
+        if self.kind == Kind.MEAN and self.promql_squares is None:
+            raise StateError(f"{where}: a PromQL mean needs --promql-squares, the sum of the "
+                             "squared values per version (the test needs each arm's variance)")
+        if self.kind == Kind.PROPORTION and self.promql_squares is not None:
+            raise StateError(f"{where}: a proportion's values are 0/1, so its squares are its "
+                             "sum: drop --promql-squares")
+
+    def promql_queries(self) -> dict[str, str]:
+        """The PromQL metric's queries by their flag: what each arm's figures come from."""
+        given = {"--promql": self.promql, "--promql-count": self.promql_count,
+                 "--promql-squares": self.promql_squares}
+        return {flag: text for flag, text in given.items() if text is not None}
 
     def improvement(self, difference: float) -> float:
         """A difference (candidate minus baseline) in the direction that is better."""

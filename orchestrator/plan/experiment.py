@@ -27,6 +27,7 @@ from orchestrator.experiment.metrics import OutcomeMetric, Role
 from orchestrator.experiment.policy import Judgement, Verdict
 from orchestrator.experiment.sequential import Stratum, arm_interval
 from orchestrator.failpoints import fail_point
+from orchestrator.metrics.promql import PrometheusOutcomes, PromQLError
 
 Say = Callable[[str], None]
 _DECISIONS = {Verdict.PROMOTE.value, Verdict.ROLL_BACK.value}
@@ -41,6 +42,7 @@ class ExperimentRunner:
         self.host, self.design = host, design
         self.settings = host.catalog.settings
         self.schema = self.settings.catalog_schema
+        self._reader: PrometheusOutcomes | None = None
 
     # Before anything is switched -------------------------------------------------------------
     def metrics(self) -> list[OutcomeMetric]:
@@ -51,15 +53,17 @@ class ExperimentRunner:
         if not any(m.role == Role.DECISION for m in found):
             raise StateError(f"the metrics {', '.join(self.design.metrics)} are all guardrails: "
                              "an outcome cutover needs a decision metric (--role decision)")
-        promql = [m.name for m in found if m.promql is not None]
-        if promql:
-            raise StateError(f"metric {', '.join(promql)} is a PromQL metric, which outcome "
-                             "cutovers cannot read yet: define it with --sql")
         with self._outcomes() as conn:
             since = outcomes.now(conn)
             for metric in found:
-                outcomes.probe(conn, metric, since=since,
-                               timeout_ms=self.settings.metric_statement_timeout_ms)
+                if metric.sql is not None:
+                    outcomes.probe(conn, metric, since=since,
+                                   timeout_ms=self.settings.metric_statement_timeout_ms)
+        promql = [m for m in found if m.promql is not None]
+        if promql:
+            versions = sorted({self.host._baseline(), self.host.version})
+            for metric in promql:
+                self._prometheus(metric).probe(metric, versions, since)
         return found
 
     # The stage -------------------------------------------------------------------------------
@@ -164,8 +168,21 @@ class ExperimentRunner:
             spans = spans_since(outcomes.routing_spans(conn, self.schema, host.alias), started)
         strata: dict[str, Sequence[Stratum]] = {}
         errors: dict[str, str] = {}
+        for metric in metrics:
+            if metric.promql is None:
+                continue
+            try:
+                strata[metric.name], note = self._prometheus(metric).strata(
+                    metric, spans, baseline=baseline, candidate=host.version, until=at)
+                if note:
+                    errors[metric.name] = note
+            except PromQLError as exc:  # Prometheus away or the query failing now: no data
+                errors[metric.name] = str(exc)
+                strata[metric.name] = []
         with self._outcomes() as conn:
             for metric in metrics:
+                if metric.promql is not None:
+                    continue
                 try:
                     strata[metric.name] = outcomes.strata(
                         conn, metric, spans, baseline=baseline, candidate=host.version,
@@ -230,6 +247,17 @@ class ExperimentRunner:
     def _looks(self) -> list[dict[str, Any]]:
         with self.host.catalog.connection() as conn:
             return outcomes.looks(conn, self.schema, self.host.plan_id)
+
+    def _prometheus(self, metric: OutcomeMetric) -> PrometheusOutcomes:
+        if self._reader is None:
+            url = self.settings.prometheus_url
+            if not url:
+                raise StateError(f"metric {metric.name} reads Prometheus: set "
+                                 "KAPPA_PROMETHEUS_URL (or prometheus_url in kappa.toml) to its "
+                                 "base URL, e.g. http://127.0.0.1:9090")
+            self._reader = PrometheusOutcomes(
+                url, timeout_s=self.settings.metric_statement_timeout_ms / 1000)
+        return self._reader
 
     def _outcomes(self) -> Any:
         s = self.settings

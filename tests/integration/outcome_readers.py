@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -41,11 +42,13 @@ class Application(threading.Thread):
 
     def __init__(self, settings: Any, schema: str, keys: list[str],
                  converts: dict[str, float], errors: dict[str, float], *, seed: int,
-                 per_tick: int = 40, tick_s: float = 0.1):
+                 per_tick: int = 40, tick_s: float = 0.1,
+                 on_read: Callable[[str, int], None] | None = None):
         super().__init__(daemon=True)
         self.settings, self.schema, self.keys = settings, schema, keys
         self.converts, self.errors, self.seed = converts, errors, seed
         self.per_tick, self.tick_s = per_tick, tick_s
+        self.on_read = on_read  # (serving version, converted) per read, e.g. into counters
         self.halt = threading.Event()
         self.served: dict[str, int] = {}
         self.failure: BaseException | None = None
@@ -69,6 +72,8 @@ class Application(threading.Thread):
                         self.served[version] = self.served.get(version, 0) + 1
                         rows.append((key, int(u_convert < self.converts[version]),
                                      int(u_error < self.errors[version])))
+                        if self.on_read is not None:
+                            self.on_read(version, rows[-1][1])
                     with conn.cursor().copy(sql.SQL(
                             "COPY {} (key, converted, erred) FROM STDIN").format(table)) as copy:
                         for row in rows:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed)
     _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed)
     _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed)
+    _a_promql_metric_judges_by_the_applications_counters_in_prometheus(deployed, tmp_path)
     _a_running_test_is_on_the_dashboard(deployed, tmp_path)
     _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
     _a_cutover_killed_after_its_promote_keeps_it_when_run_again(deployed)
@@ -149,6 +151,76 @@ def _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed) ->
     assert status == 1 and "guardrail errors" in stderr, stderr
     assert _last(found, "errors")["outcome"] == "worse_beyond_margin"
     assert _last(found, "converts")["outcome"] in ("better", "non_inferior", "undecided")
+
+
+def _a_promql_metric_judges_by_the_applications_counters_in_prometheus(
+        deployed, tmp_path: Path) -> None:
+    """The application counts its reads and conversions in Prometheus counters labelled by the
+    alias's served_by column; a real Prometheus scrapes them, and a PromQL metric decides."""
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    from orchestrator.metrics.promql import PrometheusOutcomes, PromQLError
+
+    from conftest import with_settings
+    from integration.observability import free_port, prometheus
+
+    settings, service, schema, keys = deployed
+    registry = CollectorRegistry()
+    reads = Counter("widget_reads", "reads", ["served_by"], registry=registry)
+    conversions = Counter("widget_conversions", "conversions", ["served_by"], registry=registry)
+
+    def counted(version: str, converted: int) -> None:
+        reads.labels(version).inc()
+        conversions.labels(version).inc(converted)
+
+    (tmp_path / "promql").mkdir()
+    port = free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+    count = 'sum(widget_reads_total{served_by="{version}"})'
+    total = 'sum(widget_conversions_total{served_by="{version}"})'
+    define = ("metric", "define", JOB, "prom_converts", "--kind", "proportion", "--better",
+              "higher", "--promql-count", count)
+    try:
+        with prometheus(tmp_path / "promql", f"127.0.0.1:{port}") as url:
+            prom = with_settings(settings, prometheus_url=url)
+            # Refused in one line, storing nothing: no Prometheus named; a query it rejects.
+            for where, query, says in ((settings, total, "set KAPPA_PROMETHEUS_URL"),
+                                       (prom, total[:-1], "its --promql fails: Prometheus")):
+                refused = kappa_cli(where, *define, "--promql", query)
+                assert refused.returncode != 0 and says in refused.stderr, refused.stderr
+                assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            assert "prom_converts" not in kappa_cli(settings, "metric", "list", JOB).stdout
+            defined = kappa_cli(prom, *define, "--promql", total)
+            assert defined.returncode == 0, defined.stderr
+            app = Application(settings, schema, keys, {"v1": 0.30, "v2": 0.24},
+                              {"v1": 0.05, "v2": 0.05}, seed=19, on_read=counted)
+            app.start()
+            try:
+                done = kappa_cli(prom, "cutover", JOB, "v2", *FAST, "--strategy", "ab",
+                                 "--metric", "prom_converts", "--start-percent", "50",
+                                 "--max-duration", "60")
+            finally:
+                app.stop()
+            reader = PrometheusOutcomes(url, timeout_s=10)
+            wait_until(lambda: (reader.value(count.replace("{version}", "v2"),
+                                             datetime.now(UTC)) or 0) >= app.served["v2"],
+                       30, "Prometheus to scrape the application's last reads")
+            for query, says in (("widget_reads_total", "gives 2 series"),
+                                ('widget_reads_total{served_by="v1"}[1m]', "gives a matrix")):
+                with pytest.raises(PromQLError, match=says):
+                    reader.value(query, datetime.now(UTC))
+    finally:
+        server.shutdown()
+        server.server_close()
+    found = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
+    assert done.returncode == 1 and "rolled back" in done.stderr, done.stderr
+    evidence = _last(found, "prom_converts")
+    print(f"PromQL look: {evidence}; served {app.served}")
+    assert evidence["error"] is None, evidence
+    for arm, version in (("baseline", "v1"), ("candidate", "v2")):
+        assert 200 <= evidence[arm]["count"] <= app.served[version], (evidence, app.served)
+    assert evidence["candidate"]["mean"] < evidence["baseline"]["mean"], evidence
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
 
 
 def _a_running_test_is_on_the_dashboard(deployed, tmp_path: Path) -> None:

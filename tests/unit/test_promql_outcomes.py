@@ -1,0 +1,112 @@
+"""PromQL outcome metrics' pure parts: what a definition must give, and how an arm's figures in
+each routing span come from cumulative counters (Prometheus itself is in the integration
+test of outcome cutovers)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.errors import KappaError
+from orchestrator.experiment.attribution import RoutingSpan
+from orchestrator.experiment.metrics import Kind, OutcomeMetric, Role
+from orchestrator.experiment.sequential import NOTHING, summarize
+from orchestrator.metrics.promql import PrometheusOutcomes, summary_of
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+SUM = 'sum(clicks_total{served_by="{version}"})'
+COUNT = 'sum(reads_total{served_by="{version}"})'
+SQUARES = 'sum(seconds_squared_total{served_by="{version}"})'
+
+
+@pytest.mark.parametrize(("kind", "kwargs", "says"), [
+    (Kind.PROPORTION, {"promql": SUM}, "also needs --promql-count"),
+    (Kind.PROPORTION, {"promql": SUM, "promql_count": "sum(reads_total)"},
+     "its --promql-count must select the serving version"),
+    (Kind.MEAN, {"promql": SUM, "promql_count": COUNT}, "needs --promql-squares"),
+    (Kind.PROPORTION, {"promql": SUM, "promql_count": COUNT, "promql_squares": SQUARES},
+     "drop --promql-squares"),
+    (Kind.PROPORTION, {"sql": "SELECT {since}", "promql_count": COUNT}, "go with --promql"),
+])
+def test_an_incomplete_promql_metric_is_refused_in_one_line(
+        kind: Kind, kwargs: dict[str, str], says: str) -> None:
+    with pytest.raises(KappaError, match=says) as error:
+        OutcomeMetric("m", kind, True, Role.DECISION, **kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(error.value)
+
+
+@given(st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), min_size=1,
+                max_size=200))
+def test_an_arm_from_counters_equals_the_arm_from_its_values(values: list[float]) -> None:
+    expected = summarize(values)
+    found = summary_of(Kind.MEAN, float(len(values)), sum(values), sum(v * v for v in values))
+    assert found.count == expected.count
+    assert found.total == pytest.approx(expected.total, abs=1e-6)
+    assert found.squares == pytest.approx(expected.squares, rel=1e-6, abs=1e-3)
+
+
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=500))
+def test_a_proportion_needs_no_squares(values: list[float]) -> None:
+    expected = summarize(values)
+    found = summary_of(Kind.PROPORTION, float(len(values)), sum(values), None)
+    assert (found.count, found.total) == (expected.count, expected.total)
+    assert found.squares == pytest.approx(expected.squares, abs=1e-9)
+
+
+class _Counters(PrometheusOutcomes):
+    """Cumulative counters by (query, instant), as Prometheus would answer them."""
+
+    def __init__(self, known: dict[tuple[str, datetime], float]):
+        super().__init__("http://unused", timeout_s=1)
+        self.known = known
+        self.asked: list[tuple[str, datetime]] = []
+
+    def value(self, query: str, at: datetime) -> float | None:
+        self.asked.append((query, at))
+        return self.known.get((query, at))
+
+
+def _at(seconds: int) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_each_span_gets_the_counters_difference_of_each_arm_it_served() -> None:
+    metric = OutcomeMetric("converts", Kind.PROPORTION, True, Role.DECISION, promql=SUM,
+                           promql_count=COUNT)
+    spans = [RoutingSpan(_at(0), "v1", "v2", 10), RoutingSpan(_at(10), "v1", "v2", 30)]
+    v1s, v1c = SUM.replace("{version}", "v1"), COUNT.replace("{version}", "v1")
+    v2s, v2c = SUM.replace("{version}", "v2"), COUNT.replace("{version}", "v2")
+    known = {(v1c, _at(0)): 100, (v1s, _at(0)): 30, (v1c, _at(10)): 190, (v1s, _at(10)): 57,
+             (v1c, _at(20)): 260, (v1s, _at(20)): 78,
+             # v2 serves its first reader in the first span: no series at its start
+             (v2c, _at(10)): 10, (v2s, _at(10)): 4, (v2c, _at(20)): 40, (v2s, _at(20)): 13}
+    reader = _Counters(known)
+    found, note = reader.strata(metric, spans, baseline="v1", candidate="v2", until=_at(20))
+    assert note is None
+    assert [(a.count, a.total, b.count, b.total) for a, b in found] == [
+        (90, 27.0, 10, 4.0), (70, 21.0, 30, 9.0)]
+    # Span starts are kept for the next look; its own end, the look's instant, is not.
+    reader.asked.clear()
+    reader.strata(metric, spans, baseline="v1", candidate="v2", until=_at(20))
+    assert {at for _, at in reader.asked} == {_at(20)}
+
+
+def test_a_counter_that_went_down_leaves_its_span_out_and_says_so() -> None:
+    metric = OutcomeMetric("converts", Kind.PROPORTION, True, Role.DECISION, promql=SUM,
+                           promql_count=COUNT)
+    spans = [RoutingSpan(_at(0), "v1", "v2", 50), RoutingSpan(_at(10), "v1", "v2", 50),
+             RoutingSpan(_at(20), "v3", None, 0)]
+    known = {}
+    for version, counts in (("v1", (10, 50, 60, 70)), ("v2", (10, 5, 20, 30))):
+        for seconds, value in zip((0, 10, 20, 30), counts, strict=True):
+            known[(COUNT.replace("{version}", version), _at(seconds))] = value
+            known[(SUM.replace("{version}", version), _at(seconds))] = value / 10
+    found, note = _Counters(known).strata(metric, spans, baseline="v1", candidate="v2",
+                                          until=_at(30))
+    assert found[0] == (summary_of(Kind.PROPORTION, 40, 4.0, None), NOTHING)
+    assert found[1][1].count == 15
+    assert found[2] == (NOTHING, NOTHING)  # a third version served every key
+    assert note is not None and "routing span 1 " in note
