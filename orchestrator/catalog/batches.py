@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from orchestrator.catalog.db import qualified
-from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
+from orchestrator.catalog.read_accounting import count_reads, move_dead_letters, ranges_of
 from orchestrator.errors import ConflictError, KappaError
 from orchestrator.models import DELETE_COLUMN, DeployedVersion, JobSpec, Offsets
 from orchestrator.naming import stage_table
@@ -55,6 +55,7 @@ class BatchResult:
     output_rows: int
     dead_letters: int
     gap_offsets: int = 0  # offsets with no record: transaction markers, aborted, compacted
+    archived_offsets: int | None = None  # offsets read from the archive (None: not known)
 
 
 # Moves a batch's output inside its commit; returns (output rows changed, dead letters added).
@@ -74,9 +75,10 @@ def prune(conn: psycopg.Connection, catalog_schema: str, version_id: int, keep: 
         folded = conn.execute(sql.SQL(
             "WITH gone AS (DELETE FROM {b} WHERE version_id = %(v)s AND batch_id <= %(upto)s "
             "RETURNING *) INSERT INTO {s} AS cur (version_id, batches, first_batch_id, "
-            "last_batch_id, records, output_rows, dead_letters, gap_offsets) "
+            "last_batch_id, records, output_rows, dead_letters, gap_offsets, archived_offsets) "
             "SELECT %(v)s, count(*), min(batch_id), max(batch_id), sum(records), "
-            "sum(output_rows), sum(dead_letters), coalesce(sum(gap_offsets), 0) FROM gone "
+            "sum(output_rows), sum(dead_letters), coalesce(sum(gap_offsets), 0), "
+            "coalesce(sum(archived_offsets), 0) FROM gone "
             "HAVING count(*) > 0 ON CONFLICT (version_id) DO UPDATE SET "
             "batches = cur.batches + EXCLUDED.batches, "
             "first_batch_id = least(cur.first_batch_id, EXCLUDED.first_batch_id), "
@@ -84,7 +86,10 @@ def prune(conn: psycopg.Connection, catalog_schema: str, version_id: int, keep: 
             "records = cur.records + EXCLUDED.records, "
             "output_rows = cur.output_rows + EXCLUDED.output_rows, "
             "dead_letters = cur.dead_letters + EXCLUDED.dead_letters, "
-            "gap_offsets = cur.gap_offsets + EXCLUDED.gap_offsets RETURNING batches"
+            "gap_offsets = cur.gap_offsets + EXCLUDED.gap_offsets, "
+            # Nothing was read from the archive before it was counted: null there means 0.
+            "archived_offsets = coalesce(cur.archived_offsets, 0) + EXCLUDED.archived_offsets "
+            "RETURNING batches"
         ).format(b=batches, s=qualified(catalog_schema, "batch_summary")),
             {"v": version_id, "upto": row[0]}).rowcount
     return folded
@@ -143,20 +148,20 @@ def apply_batch(
             output_rows, isolated = move_output(conn, data_schema, version, batch_id, write_id), 0
         else:
             raise KappaError(f"batch {batch_id}: nothing to commit (no write id, no mover)")
-        ranges = _ranges(start, end)
-        dead = _move_dead_letters(conn, catalog_schema, data_schema, version, ranges) + isolated
-        gaps = _count_gaps(conn, catalog_schema, version, batch_id, ranges, records)
+        ranges = ranges_of(start, end)
+        dead = move_dead_letters(conn, catalog_schema, data_schema, version, ranges) + isolated
+        reads = count_reads(conn, catalog_schema, version, batch_id, ranges, records)
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (version_id, batch_id, attempt, start_offsets, end_offsets, "
-                "records, output_rows, dead_letters, gap_offsets) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                "records, output_rows, dead_letters, gap_offsets, archived_offsets) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             ).format(qualified(catalog_schema, "batches")),
             (version.id, batch_id, attempt, Jsonb(start), Jsonb(end), records, output_rows,
-             dead, gaps),
+             dead, reads.gaps, reads.archived),
         )
         _store_offsets(conn, catalog_schema, version.id, end)
-    return BatchResult(True, records, output_rows, dead, gaps or 0)
+    return BatchResult(True, records, output_rows, dead, reads.gaps or 0, reads.archived)
 
 
 def _fence(conn: psycopg.Connection, schema: str, version: DeployedVersion, attempt: int, *,
@@ -286,83 +291,6 @@ def _refuse_delete_and_upsert_of_one_key(conn: psycopg.Connection, staged: sql.C
     if both is not None:
         raise KappaError(f"{what}: transform() returned a delete and an upsert for one key "
                          f"({', '.join(keys)}) in one batch; keep one row per key")
-
-
-Range = tuple[str, int, int, int]  # topic, partition, first offset, end (exclusive)
-
-
-def _ranges(start: Offsets, end: Offsets) -> list[Range]:
-    return [(t, int(p), start.get(t, {}).get(p, hi), hi)
-            for t, ps in end.items() for p, hi in ps.items()]
-
-
-def _values(ranges: Sequence[Range]) -> tuple[sql.Composable, list[Any]]:
-    values = sql.SQL(", ").join(sql.SQL("(%s, %s::integer, %s::bigint, %s::bigint)")
-                                for _ in ranges)
-    return values, [v for r in ranges for v in r]
-
-
-def _count_gaps(conn: psycopg.Connection, catalog_schema: str, version: DeployedVersion,
-                batch_id: int, ranges: Sequence[Range], records: int) -> int | None:
-    """Offsets of the batch that hold no record, from what its read tasks staged; a task that
-    ran twice staged its range twice, and DISTINCT ON keeps one. None when no task staged."""
-    if not ranges:
-        return 0
-    values, params = _values(ranges)
-    stage = qualified(catalog_schema, "read_stage")
-    row = conn.execute(sql.SQL(
-        "SELECT sum(size), sum(size - records) FROM (SELECT DISTINCT ON (s.topic, s.partition, "
-        "s.range_start) s.range_end - s.range_start AS size, s.records FROM {stage} s "
-        "JOIN (VALUES {values}) r(topic, partition, lo, hi) ON s.topic = r.topic "
-        "AND s.partition = r.partition AND s.range_start >= r.lo AND s.range_end <= r.hi "
-        "WHERE s.version_id = %s ORDER BY s.topic, s.partition, s.range_start) covered"
-    ).format(stage=stage, values=values), [*params, version.id]).fetchone()
-    conn.execute(sql.SQL(
-        "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
-        "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
-        "AND s.range_end <= r.hi").format(stage=stage, values=values), [*params, version.id])
-    covered, gaps = (row or (None, None))
-    if covered is None:
-        return None
-    if covered != records:
-        # A query whose plan skipped reading part of the batch (e.g. a transform that filters
-        # everything out): those offsets were not read, so they cannot be told apart.
-        log.warning("%s %s batch %d: read tasks accounted for %d of its %d offsets", version.job,
-                    version.version, batch_id, covered, records)
-    return int(gaps)
-
-
-def _move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema: str,
-                       version: DeployedVersion, ranges: Sequence[Range]) -> int:
-    """Move the dead letters staged for the batch's offsets; a read that ran twice staged them
-    twice, and DISTINCT ON keeps one."""
-    if not ranges:
-        return 0
-    values, params = _values(ranges)
-    stage = qualified(catalog_schema, "dead_letter_stage")
-    columns = sql.SQL(", ").join(map(sql.Identifier, DEAD_LETTER_COLUMNS))
-    # Each dead letter carries its partition's log epoch: a log recreated under the version
-    # repeats the old one's offsets, and its dead letters must not be taken for the old ones.
-    moved = conn.execute(sql.SQL(
-        "INSERT INTO {dlq} ({cols}, log_epoch) "
-        "SELECT DISTINCT ON (s.topic, s.partition, s.\"offset\") {s_cols}, "
-        "coalesce(p.log_epoch, 0) FROM {stage} s JOIN (VALUES {values}) r(topic, partition, lo, "
-        "hi) ON s.topic = r.topic AND s.partition = r.partition AND s.\"offset\" >= r.lo "
-        "AND s.\"offset\" < r.hi LEFT JOIN {processed} p ON p.version_id = s.version_id "
-        "AND p.topic = s.topic AND p.partition = s.partition WHERE s.version_id = %s "
-        "ORDER BY s.topic, s.partition, s.\"offset\" ON CONFLICT DO NOTHING"
-    ).format(dlq=qualified(data_schema, version.dead_letter_table), cols=columns,
-             s_cols=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c))
-                                       for c in DEAD_LETTER_COLUMNS),
-             stage=stage, values=values,
-             processed=qualified(catalog_schema, "processed_offsets")),
-        [*params, version.id]).rowcount
-    conn.execute(sql.SQL(
-        "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
-        "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
-        "AND s.\"offset\" < r.hi").format(stage=stage, values=values),
-        [*params, version.id])
-    return moved
 
 
 def _first_line(exc: BaseException) -> str:

@@ -130,10 +130,12 @@ class BatchCommit:
         fail_point("batch.after_pg_commit")
         self._mirror(end)
         seconds = time.monotonic() - began
-        log.info("batch %d: %d offsets, %s staged, %d output rows changed, %d dead letters, "
-                 "%d offsets without a record, applied=%s, %.2fs (%.0f records/s)", batch_id,
-                 result.records, staged, result.output_rows, result.dead_letters,
-                 result.gap_offsets, result.applied, seconds,
+        log.info("batch %d: %d offsets (%s from the archive), %s staged, %d output rows "
+                 "changed, %d dead letters, %d offsets without a record, applied=%s, %.2fs "
+                 "(%.0f records/s)", batch_id, result.records,
+                 "?" if result.archived_offsets is None else result.archived_offsets, staged,
+                 result.output_rows, result.dead_letters, result.gap_offsets, result.applied,
+                 seconds,
                  result.records / seconds if seconds else 0.0)
 
     def _stage(self, df: Any) -> str:

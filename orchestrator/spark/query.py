@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.archive.archiver import archive_root
 from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.kafka_endpoint import KafkaEndpoint
 from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets
@@ -85,7 +86,8 @@ class JobQuery:
                 chunk_records=LIVE_CHUNK if live else s.chunk_records,
                 max_batch_records=s.max_batch_records, version_id=v.id,
                 catalog_schema=s.catalog_schema, job=v.job, version=v.version,
-                cores=self.cores, log_identity=v.log_identity)
+                cores=self.cores, log_identity=v.log_identity,
+                archive_root=archive_root(s))
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 

@@ -23,6 +23,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from orchestrator.archive.coverage import SegmentRef, covering
 from orchestrator.errors import LogChangedError
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
 from orchestrator.lag import (
@@ -59,7 +60,8 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    start_offsets: dict[str, dict[str, int]], chunk_records: int,
                    max_batch_records: int, version_id: int, catalog_schema: str,
                    job: str, version: str, cores: int = 1,
-                   log_identity: LogIdentity | None = None) -> dict[str, str]:
+                   log_identity: LogIdentity | None = None,
+                   archive_root: str | None = None) -> dict[str, str]:
     read = None if log_identity is None else LogIdentity(
         log_identity.cluster_id, {source.topic: log_identity.topics.get(source.topic)})
     return {
@@ -75,13 +77,20 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         # Which log the version read: checked before every batch is planned, so that a batch
         # is not cut from another log (a topic recreated, a volatile broker restarted).
         "log_identity": json.dumps(read.to_json() if read else None),
+        # Offsets below the archive's end are read from its segments there (none: Kafka only).
+        "archive_root": archive_root or "",
     }
 
 
 class KafkaRange(InputPartition):
-    def __init__(self, topic: str, partition: int, start: int, end: int):
-        super().__init__((topic, partition, start, end))
+    """Offsets [start, end) of one partition: read from the archive's ``segments`` when it
+    holds them all, else from Kafka."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int,
+                 segments: tuple[SegmentRef, ...] = ()):
+        super().__init__((topic, partition, start, end, "archive" if segments else "kafka"))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        self.segments = segments
 
 
 class KafkaLogSource(DataSource):
@@ -109,6 +118,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.chunk_records = int(options["chunk_records"])
         self.cores = int(options.get("cores", "1"))
         self.max_batch_records = int(options["max_batch_records"])
+        self.archive_root = options.get("archive_root") or None
         self._probe: Any = None
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
@@ -179,12 +189,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     for topic, partitions in end.items() for partition, stop in partitions.items())
         # Every core of the cluster gets a read task, whatever the number of Kafka partitions.
         chunk = chunk_size(total, self.cores, self.chunk_records)
+        archived = self._archived() if total else {}
         for topic, partitions in end.items():
             for partition, stop in partitions.items():
                 first = start.get(topic, {}).get(partition, stop)
+                held = archived.get(int(partition), [])
                 for lo, hi in split_range(first, stop, chunk):
-                    ranges.append(KafkaRange(topic, int(partition), lo, hi))
+                    ranges.append(KafkaRange(topic, int(partition), lo, hi,
+                                             covering(lo, hi, held) or ()))
         return ranges
+
+    def _archived(self) -> dict[int, list[Any]]:
+        """{partition: segments} the archive holds of the log this version reads."""
+        from orchestrator.spark.archive_source import archived_segments
+
+        if self.archive_root is None:
+            return {}
+        return archived_segments(self.options["catalog_schema"], self.options.get("log_identity"),
+                                 self.topic, self.archive_root)
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:
         # Offsets are committed by the sink, in the same transaction as the output rows.
@@ -220,8 +242,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parse = parser.parse
         add = builder.add
         found = 0
-        for records in read_range(self.kafka, partition.topic, partition.partition,
-                                  partition.start, partition.end, self.group_id, headers=True):
+        if not partition.segments:
+            chunks: Iterator[Any] = read_range(
+                self.kafka, partition.topic, partition.partition, partition.start,
+                partition.end, self.group_id, headers=True)
+        else:  # imported only where the archive is read: Python workers start without it
+            from orchestrator.spark.archive_source import read_archived
+
+            chunks = read_archived(self.archive_root or "", partition.segments,
+                                   partition.start, partition.end)
+        for records in chunks:
             found += len(records)
             if columnar is not None:
                 builder.extend(*columnar.parse(records))  # type: ignore[arg-type]
@@ -235,7 +265,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield builder.flush()
         builder.flush_dead_letters()
         stage_read(self.options["catalog_schema"], int(self.options["version_id"]),
-                   partition.topic, partition.partition, partition.start, partition.end, found)
+                   partition.topic, partition.partition, partition.start, partition.end, found,
+                   archived=bool(partition.segments))
         if builder.size:
             yield builder.flush()
 

@@ -96,10 +96,11 @@ def stage_dead_letters(catalog_schema: str, rows: Sequence[tuple[Any, ...]]) -> 
 
 
 def stage_read(catalog_schema: str, version_id: int, topic: str, partition: int, start: int,
-               end: int, records: int) -> None:
-    """Record what a read task found in [start, end): the commit counts the rest as gaps."""
+               end: int, records: int, *, archived: bool = False) -> None:
+    """Record what a read task found in [start, end), and whether the archive served it: the
+    commit counts the rest as gaps."""
     conn = connection()
     conn.execute(sql.SQL("INSERT INTO {} (version_id, topic, partition, range_start, range_end, "
-                         "records) VALUES (%s, %s, %s, %s, %s, %s)")
+                         "records, archived) VALUES (%s, %s, %s, %s, %s, %s, %s)")
                  .format(sql.Identifier(catalog_schema, "read_stage")),
-                 (version_id, topic, partition, start, end, records))
+                 (version_id, topic, partition, start, end, records, archived))

@@ -93,3 +93,15 @@ def test_an_unwritable_root_names_the_segment_and_what_to_do(tmp_path: Path) -> 
         store.write(segment_path(LINEAGE, 0, 0, 3), [(0, 0, 0, None, None, None)])
     with pytest.raises(ArchiveError, match="gone or damaged"):
         store.read(segment_path(LINEAGE, 0, 0, 3))
+
+
+def test_a_read_task_reads_the_archive_only_where_it_holds_the_whole_range() -> None:
+    from orchestrator.archive.coverage import covering
+
+    held = [_segment(100, 110), _segment(110, 125, (112,)), _segment(125, 140)]
+    assert [r.first_offset for r in covering(105, 126, held) or ()] == [100, 110, 125]
+    assert [r.first_offset for r in covering(110, 125, held) or ()] == [110]
+    assert covering(125, 140, held)[0].checksum == "x"  # type: ignore[index]
+    assert covering(99, 105, held) is None  # below the archive's first offset: Kafka
+    assert covering(130, 141, held) is None  # past its end: Kafka
+    assert covering(0, 10, []) is None

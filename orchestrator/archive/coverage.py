@@ -1,0 +1,35 @@
+"""Which read tasks of a replay the archive serves (pure; no driver library).
+
+A batch's offsets are cut into read tasks as before, whatever the archive holds, so that a
+batch read again after a crash is cut the same way; each task whose whole range the archive
+holds reads the archive's segments, the others read Kafka. Below the archive's end a replay
+reads the archive, and it goes over to Kafka at the first task that reaches past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.archive.segments import Segment
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """What a read task needs of one segment: where it is and what the manifest says of it."""
+
+    path: str  # relative to the archive root
+    first_offset: int
+    end_offset: int
+    records: int
+    checksum: str
+
+
+def covering(start: int, end: int, segments: Sequence[Segment]
+             ) -> tuple[SegmentRef, ...] | None:
+    """The segments that hold all of [start, end), or None when the archive does not.
+    ``segments``: one partition's, in offset order, contiguous (the manifest's rule)."""
+    if not segments or start < segments[0].first_offset or end > segments[-1].end_offset:
+        return None
+    return tuple(SegmentRef(s.path, s.first_offset, s.end_offset, s.records, s.checksum)
+                 for s in segments if s.first_offset < end and s.end_offset > start)

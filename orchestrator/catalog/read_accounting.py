@@ -1,0 +1,107 @@
+"""What a batch's read tasks found, accounted for in its commit: every offset of the batch is an
+output row, a dead letter or a gap, and the offsets read from the archive are counted apart.
+
+Read tasks stage what they found (``read_stage``: per range, the records and whether the
+archive served it) and the dead letters they read (``dead_letter_stage``); a task that ran twice
+staged its range twice, and DISTINCT ON keeps one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from orchestrator.catalog.db import qualified
+from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
+from orchestrator.models import DeployedVersion, Offsets
+
+log = logging.getLogger("kappa.batches")
+
+
+@dataclass(frozen=True)
+class Reads:
+    gaps: int | None  # offsets that hold no record; None when no read task staged
+    archived: int | None  # offsets read from the archive; None when no read task staged
+
+
+Range = tuple[str, int, int, int]  # topic, partition, first offset, end (exclusive)
+
+
+def ranges_of(start: Offsets, end: Offsets) -> list[Range]:
+    return [(t, int(p), start.get(t, {}).get(p, hi), hi)
+            for t, ps in end.items() for p, hi in ps.items()]
+
+
+def _values(ranges: Sequence[Range]) -> tuple[sql.Composable, list[Any]]:
+    values = sql.SQL(", ").join(sql.SQL("(%s, %s::integer, %s::bigint, %s::bigint)")
+                                for _ in ranges)
+    return values, [v for r in ranges for v in r]
+
+
+def count_reads(conn: psycopg.Connection, catalog_schema: str, version: DeployedVersion,
+                batch_id: int, ranges: Sequence[Range], records: int) -> Reads:
+    """The batch's offsets that hold no record, and those read from the archive, from what
+    its read tasks staged."""
+    if not ranges:
+        return Reads(0, 0)
+    values, params = _values(ranges)
+    stage = qualified(catalog_schema, "read_stage")
+    row = conn.execute(sql.SQL(
+        "SELECT sum(size), sum(size - records), sum(size) FILTER (WHERE archived) FROM ("
+        "SELECT DISTINCT ON (s.topic, s.partition, s.range_start) s.range_end - s.range_start "
+        "AS size, s.records, s.archived FROM {stage} s "
+        "JOIN (VALUES {values}) r(topic, partition, lo, hi) ON s.topic = r.topic "
+        "AND s.partition = r.partition AND s.range_start >= r.lo AND s.range_end <= r.hi "
+        "WHERE s.version_id = %s ORDER BY s.topic, s.partition, s.range_start) covered"
+    ).format(stage=stage, values=values), [*params, version.id]).fetchone()
+    conn.execute(sql.SQL(
+        "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
+        "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
+        "AND s.range_end <= r.hi").format(stage=stage, values=values), [*params, version.id])
+    covered, gaps, archived = (row or (None, None, None))
+    if covered is None:
+        return Reads(None, None)
+    if covered != records:
+        # A query whose plan skipped reading part of the batch (e.g. a transform that filters
+        # everything out): those offsets were not read, so they cannot be told apart.
+        log.warning("%s %s batch %d: read tasks accounted for %d of its %d offsets", version.job,
+                    version.version, batch_id, covered, records)
+    return Reads(int(gaps), int(archived or 0))
+
+
+def move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema: str,
+                       version: DeployedVersion, ranges: Sequence[Range]) -> int:
+    """Move the dead letters staged for the batch's offsets; a read that ran twice staged them
+    twice, and DISTINCT ON keeps one."""
+    if not ranges:
+        return 0
+    values, params = _values(ranges)
+    stage = qualified(catalog_schema, "dead_letter_stage")
+    columns = sql.SQL(", ").join(map(sql.Identifier, DEAD_LETTER_COLUMNS))
+    # Each dead letter carries its partition's log epoch: a log recreated under the version
+    # repeats the old one's offsets, and its dead letters must not be taken for the old ones.
+    moved = conn.execute(sql.SQL(
+        "INSERT INTO {dlq} ({cols}, log_epoch) "
+        "SELECT DISTINCT ON (s.topic, s.partition, s.\"offset\") {s_cols}, "
+        "coalesce(p.log_epoch, 0) FROM {stage} s JOIN (VALUES {values}) r(topic, partition, lo, "
+        "hi) ON s.topic = r.topic AND s.partition = r.partition AND s.\"offset\" >= r.lo "
+        "AND s.\"offset\" < r.hi LEFT JOIN {processed} p ON p.version_id = s.version_id "
+        "AND p.topic = s.topic AND p.partition = s.partition WHERE s.version_id = %s "
+        "ORDER BY s.topic, s.partition, s.\"offset\" ON CONFLICT DO NOTHING"
+    ).format(dlq=qualified(data_schema, version.dead_letter_table), cols=columns,
+             s_cols=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c))
+                                       for c in DEAD_LETTER_COLUMNS),
+             stage=stage, values=values,
+             processed=qualified(catalog_schema, "processed_offsets")),
+        [*params, version.id]).rowcount
+    conn.execute(sql.SQL(
+        "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
+        "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
+        "AND s.\"offset\" < r.hi").format(stage=stage, values=values),
+        [*params, version.id])
+    return moved

@@ -1,0 +1,101 @@
+"""The archive's side of a version's source: what the archive holds of the log the version
+reads (on the driver), and read tasks that serve offset ranges from its segments (on the
+executors).
+
+A segment is read whole, checked against the manifest's record count and checksum, and only
+then used: a segment that is gone or differs stops the read task, and with it the batch, naming
+the segment; it is never skipped, and never read from another lineage (the driver takes the
+segments of the lineage the version's log identity belongs to).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from orchestrator.archive.coverage import SegmentRef
+from orchestrator.archive.segments import ArchivedRecord, ArchiveError, Lineage, Segment, checksum
+from orchestrator.log_identity import LogIdentity
+
+if TYPE_CHECKING:
+    from orchestrator.archive.parquet_store import ParquetStore
+
+log = logging.getLogger(__name__)
+# (offset, timestamp ms, key, value, headers): a record as the Kafka reader gives it
+Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
+_CHUNK = 10_000  # records handed to the parser at a time, as the Kafka reader's batches
+
+
+def archived_segments(catalog_schema: str, identity_json: str | None, topic: str,
+                      root: str) -> dict[int, list[Segment]]:
+    """{partition: segments in offset order} of the lineage the version's log belongs to;
+    empty when the version recorded no log identity, the archive never met its log, or the
+    archive root is not there on this host (then Kafka serves every range, as before)."""
+    from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.catalog import archive_manifest as manifest
+    from orchestrator.spark.writer import connection
+
+    identity = LogIdentity.from_json(json.loads(identity_json or "null"))
+    topic_id = identity.topics.get(topic) if identity is not None else None
+    if identity is None or identity.cluster_id is None or topic_id is None:
+        return {}
+    seen = Lineage(identity.cluster_id, topic, topic_id)
+    conn = connection()
+    known = next((k for k in manifest.known_logs(conn, catalog_schema) if k.identity == seen),
+                 None)
+    if known is None:
+        return {}
+    found: dict[int, list[Segment]] = {}
+    for segment in manifest.segments(conn, catalog_schema, known.root):
+        found.setdefault(segment.partition, []).append(segment)
+    if found and not _root_exists(ParquetStore(root)):
+        log.warning("the archive root %s is not on this host: %s is read from Kafka", root,
+                    topic)
+        return {}
+    return found
+
+
+def _root_exists(store: ParquetStore) -> bool:
+    from pyarrow import fs
+
+    return bool(store.fs.get_file_info(store.base).type == fs.FileType.Directory)
+
+
+# Executor side ---------------------------------------------------------------------------------
+_last: dict[str, list[ArchivedRecord]] = {}  # the last segment read by this Python worker
+
+
+def read_archived(root: str, segments: tuple[SegmentRef, ...], start: int, end: int
+                  ) -> Iterator[list[Record]]:
+    """The records of [start, end), in offset order, a chunk at a time."""
+    from orchestrator.archive.parquet_store import ParquetStore
+
+    store = ParquetStore(root)
+    for ref in segments:
+        records = _segment(store, ref)
+        offsets = [r[0] for r in records]
+        lo = bisect.bisect_left(offsets, start)
+        hi = bisect.bisect_left(offsets, end)
+        for at in range(lo, hi, _CHUNK):
+            yield [(o, ts, key, value, headers)
+                   for o, ts, _, key, value, headers in records[at:min(hi, at + _CHUNK)]]
+
+
+def _segment(store: ParquetStore, ref: SegmentRef) -> list[ArchivedRecord]:
+    location = store.location(ref.path)
+    cached = _last.get(location)
+    if cached is not None:
+        return cached
+    records = store.read(ref.path)
+    if len(records) != ref.records or checksum(records) != ref.checksum:
+        raise ArchiveError(
+            f"segment {location} differs from the archive's manifest ({len(records):,} records "
+            f"against {ref.records:,}, or another checksum): run `kappa archive verify`, then "
+            "restore the segment from a backup")
+    _last.clear()
+    _last[location] = records
+    return records
+

@@ -1,0 +1,80 @@
+"""Replays read the archive first (#23): a version's read tasks whose offsets the archive holds
+read its Parquet segments, the rest read Kafka, with the same output, dead letters and gap
+accounting; each batch records how many of its offsets came from the archive, and a segment
+that differs from the manifest stops the batch that needs it, naming the segment."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import job_file, kappa_cli, wait_until
+from integration.helpers import assert_batches_tile_the_log, dead_letters, output, query
+from reference import compute
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+def _segments(settings, topic: str) -> list:
+    from orchestrator.catalog import archive_manifest
+    from orchestrator.catalog.db import connect
+
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        return [s for s in archive_manifest.segments(conn, settings.catalog_schema)
+                if s.lineage.topic == topic]
+
+
+def _archived_offsets(settings, version: str) -> list[int | None]:
+    return [r[0] for r in query(
+        settings, f"SELECT b.archived_offsets FROM {settings.catalog_schema}.batches b JOIN "
+        f"{settings.catalog_schema}.job_versions v ON v.id = b.version_id WHERE v.job = %s AND "
+        "v.version = %s ORDER BY b.batch_id", JOB, version)]
+
+
+def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, topic: str,
+                                                                    tmp_path: Path) -> None:
+    from orchestrator.archive.archiver import archive_root
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=6_000, max_batch_records=20_000,
+                       chunk_records=5_000)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 24_000, seed=231)
+    archived = kappa_cli(settings, "archive", "run", "--once", topic)
+    assert archived.returncode == 0, archived.stderr
+    segments = _segments(settings, topic)
+    archive_end: dict[int, int] = {}
+    for s in segments:
+        archive_end[s.partition] = max(archive_end.get(s.partition, 0), s.end_offset)
+    service.produce_sample(topic, 6_000, seed=232)  # past the archive's end: Kafka's alone
+    try:
+        service.deploy(job_file(tmp_path, "v1", topic))
+        service.wait(JOB, "v1", timeout_s=600)
+        reference = compute(settings.kafka_bootstrap, topic)
+        assert output(settings, f"{JOB}__v1") == reference.v1
+        assert dead_letters(settings, f"{JOB}__v1__dead_letters") == reference.invalid_offsets
+        assert reference.invalid_offsets
+        assert_batches_tile_the_log(settings, JOB, "v1", topic, reference.log_end)
+        counted = _archived_offsets(settings, "v1")
+        from_archive = sum(c or 0 for c in counted)
+        print(f"offsets from the archive per batch: {counted}; archive ends {archive_end}")
+        assert None not in counted, counted
+        assert 0 < from_archive <= sum(archive_end.values()), (counted, archive_end)
+        assert reference.records - from_archive >= 6_000, (counted, reference.records)
+
+        # What v1 read was the archive's: a segment that differs from the manifest (another
+        # segment's file in its place) stops the batch that needs it, naming the segment.
+        victim, other = segments[0], segments[1]
+        root = Path(archive_root(settings))
+        shutil.copyfile(root / other.path, root / victim.path)
+        service.deploy(job_file(tmp_path, "v2", topic))
+        st = wait_until(lambda: (s := service.version_status(JOB, "v2")).state.value == "failed"
+                        and s, 600, "v2 to fail on the damaged segment")
+        assert victim.path in st.reason and "kappa archive verify" in st.reason, st.reason
+        assert _archived_offsets(settings, "v2") == []  # no batch of it was applied
+    finally:
+        service.stop_all()
