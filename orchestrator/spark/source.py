@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +55,7 @@ KAFKA_DDL = ("`kafka_topic` string, `kafka_partition` int, `kafka_offset` bigint
              "`kafka_headers` array<struct<key:string,value:binary>>")
 _ROWS_PER_ARROW_BATCH = 20_000
 FIRST_BATCH_RECORDS = 10_000
+_ARCHIVE_RECHECK_S = 10.0
 
 
 def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
@@ -120,6 +122,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_batch_records = int(options["max_batch_records"])
         self.archive_root = options.get("archive_root") or None
         self._probe: Any = None
+        self._archive_seen: tuple[float, dict[int, list[Any]]] | None = None
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
 
@@ -200,13 +203,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def _archived(self) -> dict[int, list[Any]]:
-        """{partition: segments} the archive holds of the log this version reads."""
+        """{partition: segments} the archive holds of the log this version reads. Segments
+        never change once recorded, so what was read stays true: a live query, whose batches
+        are past the archive's end, asks the catalog again only every ``_ARCHIVE_RECHECK_S``."""
         from orchestrator.spark.archive_source import archived_segments
 
         if self.archive_root is None:
             return {}
-        return archived_segments(self.options["catalog_schema"], self.options.get("log_identity"),
-                                 self.topic, self.archive_root)
+        if self._archive_seen is None or time.monotonic() - self._archive_seen[0] > \
+                _ARCHIVE_RECHECK_S:
+            self._archive_seen = (time.monotonic(), archived_segments(
+                self.options["catalog_schema"], self.options.get("log_identity"), self.topic,
+                self.archive_root))
+        return self._archive_seen[1]
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:
         # Offsets are committed by the sink, in the same transaction as the output rows.
