@@ -98,11 +98,13 @@ def spark_reason(exc: BaseException) -> str:
 
 
 def job_error(exc: BaseException) -> JobError | None:
-    """A JobError raised in the sink reaches us wrapped in Spark's StreamingQueryException."""
+    """A JobError raised in the sink reaches us wrapped in Spark's StreamingQueryException;
+    so do the log changed under the version and an archive segment gone or damaged: running
+    the batch again cannot help either."""
     if isinstance(exc, JobError):
         return exc
     for line in str(exc).splitlines():
-        for marker in ("JobError:", "LogChangedError:"):
+        for marker in ("JobError:", "LogChangedError:", "ArchiveError:"):
             if marker in line:
                 return JobError(line.split(marker, 1)[1].strip()[:1000])
     return None
