@@ -234,7 +234,7 @@ def _read(monkeypatch: pytest.MonkeyPatch, chunks: list[list[Record]], tombstone
     monkeypatch.setattr(orchestrator.spark.writer, "stage_dead_letters",
                         lambda _schema, rows: dead.extend(rows))
     monkeypatch.setattr(orchestrator.spark.writer, "stage_read",
-                        lambda *args: found.append(args[-1]))
+                        lambda *args, **_: found.append(args[-1]))
     if not columnar:
         monkeypatch.setattr(ColumnarParser, "for_schema", lambda *args: None)
     reader = source.KafkaStreamReader({
