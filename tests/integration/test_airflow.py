@@ -223,10 +223,11 @@ def test_standalone_airflow_defers_the_catch_up_and_rolls_back_a_stopped_run(
                        "the 10 % step of v2")
             api(url, tok, f"/dags/kappa_reprocess/dagRuns/{second['dag_run_id']}",
                 {"state": "failed"}, method="PATCH")
-            wait_until(lambda: service.serving(JOB).candidate is None, 120,
-                       "the ramp to be rolled back")
+            # The rollback's switch commits first, then the plan is marked rolled back.
+            wait_until(lambda: service.serving(JOB).candidate is None
+                       and service.cutover_in_progress(JOB) is None, 120,
+                       "the ramp to be rolled back and its plan closed")
             assert service.serving(JOB).primary == "v1"
-            assert service.cutover_in_progress(JOB) is None
             last = service.history(JOB)[-1]
             assert (last["action"], last["to"]) == ("rollback", "v1")
     finally:
