@@ -11,7 +11,6 @@ from psycopg import sql
 from orchestrator.catalog import events, outcomes
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.catalog.db import connect, qualified
-from orchestrator.errors import StateError
 from orchestrator.experiment.metrics import OutcomeMetric
 from orchestrator.metrics.promql import PrometheusOutcomes
 from orchestrator.naming import validate_name
@@ -35,12 +34,7 @@ class OutcomeDesk:
                 outcomes.probe(conn, metric, since=outcomes.now(conn),
                                timeout_ms=s.metric_statement_timeout_ms)
         if metric.promql is not None:
-            if not s.prometheus_url:
-                raise StateError(f"metric {metric.name} reads Prometheus: set "
-                                 "KAPPA_PROMETHEUS_URL (or prometheus_url in kappa.toml) to its "
-                                 "base URL, then define it again")
-            reader = PrometheusOutcomes(s.prometheus_url, s.metric_statement_timeout_ms / 1000)
-            reader.probe(metric, ["any"], datetime.now(UTC))
+            PrometheusOutcomes.of(s, metric).probe(metric, ["any"], datetime.now(UTC))
         with self.catalog.connection() as conn, conn.transaction():
             replaced = outcomes.define(conn, s.catalog_schema, job, metric)
             events.record(conn, s.catalog_schema, "metric_defined", job=job, replaced=replaced,

@@ -23,6 +23,7 @@ from orchestrator.errors import KappaError, StateError
 from orchestrator.experiment.attribution import RoutingSpan
 from orchestrator.experiment.metrics import Kind, OutcomeMetric
 from orchestrator.experiment.sequential import NOTHING, ArmSummary, Stratum
+from orchestrator.settings import Settings
 
 
 class PromQLError(KappaError):
@@ -37,6 +38,15 @@ class PrometheusOutcomes:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self._kept: dict[tuple[str, float], float | None] = {}
+
+    @classmethod
+    def of(cls, settings: Settings, metric: OutcomeMetric) -> PrometheusOutcomes:
+        """The Prometheus that ``settings`` name, or one line saying how to name it."""
+        if not settings.prometheus_url:
+            raise StateError(f"metric {metric.name} reads Prometheus: set KAPPA_PROMETHEUS_URL "
+                             "(or prometheus_url in kappa.toml) to its base URL, e.g. "
+                             "http://127.0.0.1:9090")
+        return cls(settings.prometheus_url, settings.metric_statement_timeout_ms / 1000)
 
     def value(self, query: str, at: datetime) -> float | None:
         """The query's one number at ``at``; None when it selects no series."""

@@ -250,13 +250,7 @@ class ExperimentRunner:
 
     def _prometheus(self, metric: OutcomeMetric) -> PrometheusOutcomes:
         if self._reader is None:
-            url = self.settings.prometheus_url
-            if not url:
-                raise StateError(f"metric {metric.name} reads Prometheus: set "
-                                 "KAPPA_PROMETHEUS_URL (or prometheus_url in kappa.toml) to its "
-                                 "base URL, e.g. http://127.0.0.1:9090")
-            self._reader = PrometheusOutcomes(
-                url, timeout_s=self.settings.metric_statement_timeout_ms / 1000)
+            self._reader = PrometheusOutcomes.of(self.settings, metric)
         return self._reader
 
     def _outcomes(self) -> Any:
