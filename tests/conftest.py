@@ -20,10 +20,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from cpu_accounting import PROPERTY as CPU_PROPERTY  # noqa: E402
+from cpu_accounting import CpuMeter, summary_lines  # noqa: E402
+
 SHARED_STORAGE = os.environ.get("KAPPA_TEST_BROKER_STORAGE", "memory")
 # nodeid -> the broker storages the test used ("memory", "s3")
 _STORAGE_USED: dict[str, set[str]] = {}
 _SECONDS_PER_MODULE: dict[str, float] = {}  # setup, call and teardown, summed
+_CPU_SECONDS: dict[str, float] = {}  # nodeid -> CPU seconds, its processes' included
+_METER = CpuMeter()
 
 
 @pytest.fixture(scope="session")
@@ -209,6 +214,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: the order within a file stays
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    _METER.join()  # in each xdist worker too: its tests' processes inherit its group
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _METER.started(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[pytest.TestReport]:
+    report = yield
+    if call.when == "teardown":
+        _METER.finished(item, report)
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::")[0]
     _SECONDS_PER_MODULE[module] = _SECONDS_PER_MODULE.get(module, 0.0) + report.duration
@@ -216,6 +239,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         for name, value in report.user_properties:
             if name == "broker_storage":
                 _STORAGE_USED[report.nodeid] = set(value)
+            elif name == CPU_PROPERTY:
+                _CPU_SECONDS[report.nodeid] = float(value)
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
@@ -225,6 +250,12 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
     for module, seconds in sorted(_SECONDS_PER_MODULE.items(), key=lambda kv: -kv[1])[:25]:
         write(f"{seconds:8.1f}  {module}")
     write(f"{sum(_SECONDS_PER_MODULE.values()):8.1f}  in all")
+    if _CPU_SECONDS:
+        # What CI's time follows once both cores are busy (tests/cpu_accounting.py).
+        terminalreporter.section(  # type: ignore[attr-defined]
+            "CPU seconds per module, with the processes its tests started")
+        for line in summary_lines(_CPU_SECONDS, 25):
+            write(line)
     if not _STORAGE_USED:
         return
     terminalreporter.section("broker storage per integration test")  # type: ignore[attr-defined]
@@ -239,6 +270,7 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
 def pytest_unconfigure(config: object) -> None:
     import logging
 
+    _METER.leave()
     # Airflow's logging set-up leaves handlers on pytest's closed capture streams; the embedded
     # server's exit hook logs through them after the run. Nothing is lost: the run is over.
     logging.raiseExceptions = False
