@@ -65,6 +65,8 @@ def archive_path() -> Path | None:
     digest = hashlib.sha256(DRIVER_JAVA_OPTS.encode())
     stat = java.stat()
     digest.update(f"{java}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    # The archive records the jars' paths, and the JVM refuses it where they differ.
+    digest.update(str(jars.resolve()).encode())
     for jar in sorted(jars.iterdir()):
         digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
     return archive_dir() / f"driver-{digest.hexdigest()[:16]}.jsa"

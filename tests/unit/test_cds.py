@@ -40,6 +40,21 @@ def test_the_archive_name_follows_the_spark_jars(archive_dir: Path, tmp_path: Pa
     assert cds.archive_path() != before
 
 
+def test_two_installs_of_the_same_spark_get_archives_of_their_own(
+        archive_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The JVM refuses an archive whose recorded class path differs ("The top archive failed to
+    # load"), so a second checkout's drivers must not find the first one's under the same name.
+    paths = []
+    for checkout in ("one", "two"):
+        site = tmp_path / checkout / "site"
+        (site / "pyspark" / "jars").mkdir(parents=True)
+        (site / "pyspark" / "jars" / "spark-core.jar").write_bytes(b"1")
+        with monkeypatch.context() as patch:
+            patch.syspath_prepend(str(site))
+            paths.append(cds.archive_path())
+    assert paths[0] != paths[1]
+
+
 def test_a_build_under_way_or_done_is_not_started_again(archive_dir: Path) -> None:
     path = cds.archive_path()
     assert path is not None
