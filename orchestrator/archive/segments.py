@@ -13,6 +13,7 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from itertools import pairwise
 
 from orchestrator.errors import KappaError
@@ -24,6 +25,17 @@ ArchivedRecord = tuple[int, int, int, bytes | None, bytes | None,
 SEGMENT_SUFFIX = ".parquet"
 _NAME = re.compile(r"(\d{20})-(\d{20})\.parquet")
 _LONG = struct.Struct(">q")
+# At risk below this share of the broker's log lying under the archive's end: with time-based
+# retention, the last tenth of the retention period is the warning.
+AT_RISK_SHARE = 0.1
+
+
+class RetentionRisk(Enum):
+    """Whether the broker's retention can delete records the archive has not copied."""
+
+    OK = "ok"
+    AT_RISK = "at_risk"  # under AT_RISK_SHARE of what the broker holds is archived
+    LOST = "lost"  # it has: offsets between the archive's end and the log's start are gone
 
 
 class ArchiveError(KappaError):
@@ -177,3 +189,32 @@ class PartitionArchive:
             return None
         return self.log_end - (self.archived_end if self.archived_end is not None
                                else self.log_start or 0)
+
+    @property
+    def retention_headroom(self) -> int | None:
+        """Records that retention may still take from the log's start before it takes one the
+        archive lacks; negative once it has. None unless this lineage is the broker's now."""
+        if not self.current or self.log_start is None:
+            return None
+        archived_end = self.archived_end if self.archived_end is not None else self.log_start
+        return archived_end - self.log_start
+
+    @property
+    def retention_headroom_share(self) -> float | None:
+        """The headroom as a share of the records the broker holds (1 when it holds none)."""
+        headroom = self.retention_headroom
+        if headroom is None or self.log_start is None or self.log_end is None:
+            return None
+        held = self.log_end - self.log_start
+        if held <= 0:  # an empty log: nothing to take, or (below 0) taken already
+            return 1.0 if headroom >= 0 else -1.0
+        return min(1.0, headroom / held)
+
+    @property
+    def retention(self) -> RetentionRisk | None:
+        share = self.retention_headroom_share
+        if share is None:
+            return None
+        if self.retention_headroom is not None and self.retention_headroom < 0:
+            return RetentionRisk.LOST
+        return RetentionRisk.AT_RISK if share < AT_RISK_SHARE else RetentionRisk.OK

@@ -38,11 +38,13 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
             print_json([_row_json(r) for r in rows])
         else:
             print(table(["topic", "partition", "lineage", "archived", "log", "behind",
-                         "behind (s)", "noted end", "segments", "records", "gaps", "bytes"],
+                         "behind (s)", "retention", "noted end", "segments", "records",
+                         "gaps", "bytes"],
                         [[r.topic, r.partition, _text(r.lineage, r.current),
                           _range(r.archived_first, r.archived_end),
                           _range(r.log_start, r.log_end), _unknown(r.behind),
                           "unknown" if r.lag_seconds is None else f"{r.lag_seconds:.1f}",
+                          _retention(r),
                           "-" if r.noted_end is None else f"{r.noted_end:,}", r.segments,
                           r.records, r.gaps, r.bytes] for r in rows])
                   if rows else "nothing archived yet: `kappa archive run`")
@@ -120,7 +122,22 @@ def _row_json(r: Any) -> dict[str, Any]:
             "current": r.current, "archived_first": r.archived_first,
             "archived_end": r.archived_end, "log_start": r.log_start, "log_end": r.log_end,
             "behind": r.behind, "lag_seconds": r.lag_seconds, "segments": r.segments,
-            "records": r.records, "gaps": r.gaps, "bytes": r.bytes, "noted_end": r.noted_end}
+            "records": r.records, "gaps": r.gaps, "bytes": r.bytes, "noted_end": r.noted_end,
+            "retention": None if r.retention is None else r.retention.value,
+            "retention_headroom": r.retention_headroom,
+            "retention_headroom_share": r.retention_headroom_share}
+
+
+def _retention(r: Any) -> str:
+    """ok, at_risk with the records left before retention takes unarchived ones, or lost with
+    the records it took; "-" for an earlier lineage."""
+    if r.retention is None:
+        return "-" if r.current is False else "unknown"
+    if r.retention.value == "at_risk":
+        return f"at_risk ({r.retention_headroom:,} left)"
+    if r.retention.value == "lost":
+        return f"lost ({-r.retention_headroom:,} records)"
+    return str(r.retention.value)
 
 
 def _range(first: int | None, end: int | None) -> str:

@@ -243,6 +243,12 @@ def archive_metrics(rows: Sequence[PartitionArchive]) -> Iterator[GaugeMetricFam
                                lambda r: r.archived_end),
         "archive_segments": ("Segments archived", lambda r: r.segments),
         "archive_bytes": ("Bytes of the archived segments", lambda r: r.bytes),
+        "archive_retention_headroom_records": (
+            "Records retention may take from the log start before it takes one not archived; "
+            "negative once it has", lambda r: r.retention_headroom),
+        "archive_retention_headroom_ratio": (
+            "The retention headroom as a share of the records the broker holds",
+            lambda r: r.retention_headroom_share),
     }
     for name, (doc, value) in figures.items():
         family = _gauge(name, doc, labels)

@@ -98,6 +98,8 @@ def test_a_transactional_log_is_archived_offset_for_offset_across_crashes(
     rows = _status(settings, topic)
     assert len(rows) == len(bounds) and all(r["behind"] == 0 and r["current"] for r in rows)
     assert all(r["lag_seconds"] == 0 for r in rows)
+    # Everything the broker holds is archived: retention can take it all safely.
+    assert all((r["retention"], r["retention_headroom_share"]) == ("ok", 1.0) for r in rows)
     assert sum(r["records"] for r in rows) == sum(s.records for s in segments)
     service.produce_sample(topic, 400, seed=132)
     after = log_bounds(settings.kafka, [topic])
@@ -140,7 +142,7 @@ def test_a_recreated_topic_starts_a_new_lineage(settings, topic: str) -> None:
     gone = [r for r in rows if r["current"] is False]
     assert sum(r["records"] for r in gone) == 2_000
     assert all(r["log_end"] is None and r["behind"] is None and r["lag_seconds"] is None
-               for r in gone)  # unknown, not 0
+               and r["retention"] is None for r in gone)  # unknown, not 0
 
 
 def test_an_unwritable_archive_root_stops_with_one_line(settings, topic: str,

@@ -6,10 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import job_file, wait_until
 from integration.helpers import stop_drivers
-from integration.observability import agent, alert_rules, prometheus, query
+from integration.observability import ALERT_RULES, agent, alert_rules, prometheus, query
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
@@ -49,7 +50,10 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
             rules = wait_until(lambda: [r for r in alert_rules(url)
                                         if r.get("lastEvaluation", "").startswith("2")]
                                or None, 30, "the alert rules to be evaluated")
-            assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
+            shipped = {r["alert"] for g in yaml.safe_load(ALERT_RULES.read_text())["groups"]
+                       for r in g["rules"]}
+            assert {r["name"] for r in rules} == shipped, rules
+            assert all(r["health"] == "ok" for r in rules), rules
             assert not [r for r in rules if r["state"] == "firing"], rules
     finally:
         stop_drivers(service)

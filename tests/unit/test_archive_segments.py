@@ -10,6 +10,8 @@ from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.segments import (
     ArchiveError,
     Lineage,
+    PartitionArchive,
+    RetentionRisk,
     Segment,
     check_contiguous,
     checksum,
@@ -105,3 +107,34 @@ def test_a_read_task_reads_the_archive_only_where_it_holds_the_whole_range() -> 
     assert covering(99, 105, held) is None  # below the archive's first offset: Kafka
     assert covering(130, 141, held) is None  # past its end: Kafka
     assert covering(0, 10, []) is None
+
+
+def _row(archived_end: int | None, log_start: int | None, log_end: int | None,
+         current: bool | None = True) -> PartitionArchive:
+    return PartitionArchive("pageviews", 0, "c-t", current, 0 if archived_end else None,
+                            archived_end, 1, archived_end or 0, 0, 100, log_start, log_end)
+
+
+@pytest.mark.parametrize(("archived_end", "log_start", "log_end", "headroom", "share", "risk"), [
+    (1_000, 0, 1_000, 1_000, 1.0, RetentionRisk.OK),  # all archived, nothing deleted
+    (1_000, 500, 1_200, 500, 500 / 700, RetentionRisk.OK),  # retention ran below the end
+    (1_000, 950, 2_000, 50, 50 / 1_050, RetentionRisk.AT_RISK),  # about to take unarchived
+    (1_000, 1_400, 2_000, -400, -400 / 600, RetentionRisk.LOST),  # 1,000..1,399 are gone
+    (None, 0, 5_000, 0, 0.0, RetentionRisk.AT_RISK),  # nothing archived yet
+    (None, 0, 0, 0, 1.0, RetentionRisk.OK),  # an empty log: nothing to take
+    (300, 700, 700, -400, -1.0, RetentionRisk.LOST),  # emptied past the archive's end
+    (1_000, None, None, None, None, None),  # the broker did not answer: unknown
+])
+def test_retention_risk_is_measured_from_the_log_start_and_the_archive_end(
+        archived_end: int | None, log_start: int | None, log_end: int | None,
+        headroom: int | None, share: float | None, risk: RetentionRisk | None) -> None:
+    row = _row(archived_end, log_start, log_end)
+    assert row.retention_headroom == headroom
+    assert row.retention_headroom_share == (None if share is None else pytest.approx(share))
+    assert row.retention == risk
+
+
+def test_an_earlier_lineage_has_no_retention_figures() -> None:
+    row = _row(1_000, 1_400, 2_000, current=False)
+    assert (row.retention_headroom, row.retention_headroom_share, row.retention) == (
+        None, None, None)

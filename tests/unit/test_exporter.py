@@ -147,7 +147,9 @@ def test_the_archive_of_the_current_lineage_is_exported_and_unknown_is_no_series
     assert got[f"kappa_archive_end_offset{labels}"] == 900
     assert got[f"kappa_archive_segments{labels}"] == 2  # the old lineage's segment is not added
     assert got[f"kappa_archive_bytes{labels}"] == 4096
-    assert not [k for k in got if k.startswith("kappa_archive_lag_")
+    assert got[f"kappa_archive_retention_headroom_records{labels}"] == 900
+    assert got[f"kappa_archive_retention_headroom_ratio{labels}"] == 0.9
+    assert not [k for k in got if k.startswith(("kappa_archive_lag_", "kappa_archive_retention"))
                 and 'partition="1"' in k]  # its log bounds are unknown
     assert got['kappa_archive_segments{partition="1",topic="pageviews"}'] == 0
 
