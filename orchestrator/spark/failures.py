@@ -18,12 +18,15 @@ from orchestrator.spark.shape import JobError
 POISON_ATTEMPTS = 3
 
 # Names and phrases of errors that mean "a service is unreachable now", wherever they were
-# raised (driver or executor, psycopg or confluent-kafka).
+# raised (driver or executor, psycopg, confluent-kafka, or pyarrow reading the archive from an
+# object store: its network errors, 503 and throttling).
 _OUTAGE = re.compile(
     r"ServiceUnavailableError|OperationalError|InterfaceError|AdminShutdown|"
     r"connection (?:refused|failed|to server|is closed|not open)|server closed the connection|"
     r"could not connect|Connection refused|_TRANSPORT|_ALL_BROKERS_DOWN|_TIMED_OUT|"
-    r"did not answer|made no progress|terminating connection", re.IGNORECASE)
+    r"did not answer|made no progress|terminating connection|"
+    r"AWS Error (?:NETWORK_CONNECTION|SERVICE_UNAVAILABLE|SLOW_DOWN|REQUEST_TIMEOUT)",
+    re.IGNORECASE)
 # "SomeError: message" lines of a Python traceback, as Spark relays them.
 _PYTHON_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 

@@ -28,6 +28,29 @@ def test_outages_are_told_from_poison() -> None:
     assert not is_outage(Exception("KappaError: transform() returned a row with a null key"))
 
 
+@pytest.mark.parametrize("message", [
+    # What pyarrow raised, reading a segment from an object store that stopped answering, or
+    # refused the connection (both measured, with a silent listener and a closed port).
+    "OSError: When reading information for key 'p0/00000000000000000000-00000000000000001500."
+    "parquet' in bucket 'archive': AWS Error NETWORK_CONNECTION during HeadObject operation: "
+    "curlCode: 28, Timeout was reached; Details: Operation too slow. Less than 1 bytes/sec "
+    "transferred the last 1 seconds",
+    "OSError: When getting information for key 'p0' in bucket 'archive': AWS Error "
+    "NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Could not connect to server",
+    "OSError: AWS Error SERVICE_UNAVAILABLE during GetObject operation: Service Unavailable",
+    "OSError: AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate.",
+])
+def test_an_object_store_away_is_an_outage(message: str) -> None:
+    # A replay reading the archive waits it out, as it waits out the broker.
+    assert is_outage(Exception(message))
+
+
+def test_an_object_store_refusing_a_key_is_not_an_outage() -> None:
+    assert not is_outage(Exception(
+        "OSError: When reading information for key 'p0/x.parquet' in bucket 'archive': AWS "
+        "Error ACCESS_DENIED during HeadObject operation: No response body."))
+
+
 @pytest.mark.parametrize("error", [
     errors.QueryCanceled("canceling statement due to statement timeout"),
     errors.ProgramLimitExceeded("index row requires 60016 bytes, maximum size is 8191"),
