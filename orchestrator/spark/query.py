@@ -4,10 +4,11 @@ once live)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.archive.archiver import archive_root
+from orchestrator.archive.archiver import archive_root, executor_archive_root
 from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.kafka_endpoint import KafkaEndpoint
 from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets
@@ -20,6 +21,8 @@ from orchestrator.spark.source import SOURCE_NAME, source_options
 
 LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
 LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
+
+log = logging.getLogger("kappa.driver")
 
 
 class JobQuery:
@@ -78,6 +81,12 @@ class JobQuery:
     def _streams(self, spark: Any, *, live: bool) -> dict[str, Any]:
         """One streaming DataFrame per topic, each from its own source."""
         s, v = self.settings, self.version
+        root = executor_archive_root(s)
+        if root is None:
+            log.warning("archive_root %s is a local path and executors may run on other hosts "
+                        "(spark_master %s): replays read Kafka only; give it as a URI that "
+                        "every host reaches (s3://..., or file://... for a shared mount)",
+                        archive_root(s), s.spark_master)
         streams = {}
         for source in v.spec.inputs:
             options = source_options(
@@ -87,7 +96,7 @@ class JobQuery:
                 max_batch_records=s.max_batch_records, version_id=v.id,
                 catalog_schema=s.catalog_schema, job=v.job, version=v.version,
                 cores=self.cores, log_identity=v.log_identity,
-                archive_root=archive_root(s))
+                archive_root=root)
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 
