@@ -212,9 +212,9 @@ class PartitionArchive:
 
     @property
     def retention(self) -> RetentionRisk | None:
-        share = self.retention_headroom_share
+        share = self.retention_headroom_share  # below 0 exactly when the headroom is
         if share is None:
             return None
-        if self.retention_headroom is not None and self.retention_headroom < 0:
+        if share < 0:
             return RetentionRisk.LOST
         return RetentionRisk.AT_RISK if share < AT_RISK_SHARE else RetentionRisk.OK

@@ -7,6 +7,7 @@ import signal
 import threading
 from typing import Any
 
+from orchestrator.archive.segments import RetentionRisk
 from orchestrator.cli.output import print_json, table
 
 
@@ -131,13 +132,14 @@ def _row_json(r: Any) -> dict[str, Any]:
 def _retention(r: Any) -> str:
     """ok, at_risk with the records left before retention takes unarchived ones, or lost with
     the records it took; "-" for an earlier lineage."""
-    if r.retention is None:
+    risk = r.retention
+    if risk is None:
         return "-" if r.current is False else "unknown"
-    if r.retention.value == "at_risk":
-        return f"at_risk ({r.retention_headroom:,} left)"
-    if r.retention.value == "lost":
-        return f"lost ({-r.retention_headroom:,} records)"
-    return str(r.retention.value)
+    if risk is RetentionRisk.AT_RISK:
+        return f"{risk.value} ({r.retention_headroom:,} left)"
+    if risk is RetentionRisk.LOST:
+        return f"{risk.value} ({-r.retention_headroom:,} records)"
+    return str(risk.value)
 
 
 def _range(first: int | None, end: int | None) -> str:
