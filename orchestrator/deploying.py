@@ -43,7 +43,7 @@ class Deploy:
             if existing is not None:
                 return self.deployed_before(conn, existing)
             self.check_topics()
-            identity, log_start, gone = self.read_the_log()
+            identity, log_start, gone = self.read_the_log(conn)
             version = self.register(conn, identity, log_start, gone)
             start_driver(self.svc, conn, version)
             self.prepare_switches(conn)
@@ -71,9 +71,10 @@ class Deploy:
         for topic in self.spec.topics:
             topic_partitions(self.bootstrap, topic)
 
-    def read_the_log(self) -> tuple[LogIdentity, Offsets, int]:
-        """The log's identity, where the replay starts, and the offsets it cannot replay
-        (``--allow-gap``)."""
+    def read_the_log(self, conn: psycopg.Connection) -> tuple[LogIdentity, Offsets, int]:
+        """The log's identity, where the replay starts (below the broker's log start where the
+        archive holds what retention took), and the offsets it cannot replay (``--allow-gap``)."""
+        from orchestrator.archive.readable import archived_spans
         from orchestrator.kafka.admin import log_identity
         from orchestrator.kafka.offsets import log_bounds
 
@@ -81,8 +82,9 @@ class Deploy:
         # Before the bounds: a topic recreated in between fails the version, never blesses a
         # log it did not read.
         identity = log_identity(self.bootstrap, topics)
-        log_start, gone = replay_start(log_bounds(self.bootstrap, topics),
-                                       allow_gap=self.allow_gap)
+        log_start, gone = replay_start(
+            log_bounds(self.bootstrap, topics), allow_gap=self.allow_gap,
+            archived=archived_spans(conn, self.svc.settings, identity, topics))
         return identity, log_start, gone
 
     def register(self, conn: psycopg.Connection, identity: LogIdentity, log_start: Offsets,

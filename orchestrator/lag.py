@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from orchestrator.archive.held import archive_falls_short, readable_bounds
 from orchestrator.errors import LogGapError
 from orchestrator.models import Offsets
 
@@ -148,20 +149,24 @@ def log_changed_reason(mismatches: Sequence[LogMismatch], job: str, version: str
             "gap")
 
 
-def replay_start(bounds: Mapping[tuple[str, int], tuple[int, int]], *, allow_gap: bool
+def replay_start(bounds: Mapping[tuple[str, int], tuple[int, int]], *, allow_gap: bool,
+                 archived: Mapping[tuple[str, int], tuple[int, int]] | None = None
                  ) -> tuple[Offsets, int]:
-    """Where a new version starts (each partition's first retained offset) and how many offsets
-    retention already removed; refuses a gap unless ``allow_gap``."""
+    """Where a new version starts (each partition's first readable offset: the broker's, or
+    the archive's where it reaches below it) and how many offsets are gone from both; refuses
+    a gap unless ``allow_gap``."""
+    readable = readable_bounds(bounds, archived or {})
     start: Offsets = {}
-    for (topic, partition), (first, _) in sorted(bounds.items()):
+    for (topic, partition), (first, _) in sorted(readable.items()):
         start.setdefault(topic, {})[str(partition)] = first
-    gone = sum(first for first, _ in bounds.values())
+    gone = sum(first for first, _ in readable.values())
     if gone and not allow_gap:
-        where = ", ".join(f"{t}/{p}: {first}" for (t, p), (first, _) in sorted(bounds.items())
+        where = ", ".join(f"{t}/{p}: {first}" for (t, p), (first, _) in sorted(readable.items())
                           if first)
         raise LogGapError(
-            f"retention removed {gone} offsets from the start of the log ({where}): the replay "
-            "would miss them; deploy with --allow-gap to replay what is left"
+            f"retention removed {gone} offsets from the start of the log ({where})"
+            f"{archive_falls_short(bounds, archived or {})}: the replay would miss them; "
+            "deploy with --allow-gap to replay what is left"
         )
     return start, gone
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
+from orchestrator.archive.readable import log_bounds_with_archive
 from orchestrator.catalog import events, lag_history, runs, versions
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError
@@ -51,17 +52,19 @@ def current_identity(settings: Settings, topics: list[str]) -> LogIdentity | Non
     return identity
 
 
-def bounds_of(settings: Settings, version: DeployedVersion
+def bounds_of(settings: Settings, version: DeployedVersion, conn: psycopg.Connection
               ) -> dict[tuple[str, int], tuple[int, int]] | None:
     """The (start, end) of every partition the version reads, or None when the broker cannot
-    tell now."""
+    tell now. A start reaches below the broker's where the archive holds what retention took."""
     from orchestrator.kafka.offsets import log_bounds
 
     _, bootstrap = settings.require_services()
     try:
-        return log_bounds(bootstrap, list(version.spec.topics))
+        broker = log_bounds(bootstrap, list(version.spec.topics))
     except KappaError:
         return None
+    return log_bounds_with_archive(conn, settings, version.log_identity,
+                                   list(version.spec.topics), broker)
 
 
 IDENTITY_TIMEOUT_S = 5.0
@@ -144,7 +147,8 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
                           state=LagState.LOG_GONE.value, run_state=run.state, lag_records=None,
                           lag_seconds=None, processing_rate=0.0, produce_rate=0.0,
                           eta_seconds=None, partitions=())
-    bounds = clients.bounds(topics) if clients else log_bounds(bootstrap, topics)
+    broker = clients.bounds(topics) if clients else log_bounds(bootstrap, topics)
+    bounds = log_bounds_with_archive(conn, settings, version.log_identity, topics, broker)
     run = fail_on_log_change(conn, schema, version, run, processed, bounds, identity)
     now = time.time()
     position = {
@@ -154,7 +158,10 @@ def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersi
         for key, (start, _) in bounds.items()
     }
     behind = {key: position[key] for key, (_, end) in bounds.items() if position[key] < end}
-    stamps = clients.timestamps(behind) if clients else record_timestamps(bootstrap, behind)
+    # Below the broker's start only the archive holds the record: its age is unknown, never
+    # read off the broker's first record, which is younger.
+    asked = {key: at for key, at in behind.items() if at >= broker[key][0]}
+    stamps = clients.timestamps(asked) if clients else record_timestamps(bootstrap, asked)
     partitions = tuple(
         PartitionLag(topic=t, partition=p, log_start=start, log_end=end,
                      processed=position[(t, p)], lag_records=max(0, end - position[(t, p)]),

@@ -134,7 +134,7 @@ def status_of(svc: Orchestrator, conn: psycopg.Connection, v: DeployedVersion, *
             dead = dead_letter_total(conn, s.catalog_schema, v.id)
     identity = monitor.current_identity(s, list(v.spec.topics))
     gone = monitor.log_gone(v, identity)
-    bounds = None if gone else monitor.bounds_of(s, v)
+    bounds = None if gone else monitor.bounds_of(s, v, conn)
     lag = None
     if gone:
         # No lag against a log the version never read.

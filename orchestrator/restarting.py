@@ -108,7 +108,7 @@ class Restart:
         """Retention past what the version read, or a log shorter than it read."""
         d, gone = self.deployed, self.gone
         processed = self.processed or d.log_start
-        bounds = monitor.bounds_of(self.settings, d)
+        bounds = monitor.bounds_of(self.settings, d, self.conn)
         self.mismatches = [] if bounds is None else log_mismatches(processed, bounds)
         if gone:
             # The whole of each changed topic (every topic on another cluster) is a new log.

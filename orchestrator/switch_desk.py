@@ -30,7 +30,7 @@ class SwitchDesk:
 
         def measure_now(deployed: DeployedVersion) -> int | None:
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
-            bounds = monitor.bounds_of(s, deployed)
+            bounds = monitor.bounds_of(s, deployed, conn)
             if bounds is None or log_mismatches(processed or deployed.log_start, bounds):
                 return None  # no lag against a log the version did not read
             # After the bounds: a broker that cannot answer them costs no second timeout.

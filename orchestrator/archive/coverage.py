@@ -3,7 +3,9 @@
 A batch's offsets are cut into read tasks as before, whatever the archive holds, so that a
 batch read again after a crash is cut the same way; each task whose whole range the archive
 holds reads the archive's segments, the others read Kafka. Below the archive's end a replay
-reads the archive, and it goes over to Kafka at the first task that reaches past it.
+reads the archive, and it goes over to Kafka at the first task that reaches past it. A task
+that starts below the broker's log start (retention took its first offsets) reads what the
+archive holds of it and Kafka the rest.
 """
 
 from __future__ import annotations
@@ -33,3 +35,21 @@ def covering(start: int, end: int, segments: Sequence[Segment]
         return None
     return tuple(SegmentRef(s.path, s.first_offset, s.end_offset, s.records, s.checksum)
                  for s in segments if s.first_offset < end and s.end_offset > start)
+
+
+def covering_from(start: int, end: int, segments: Sequence[Segment]
+                  ) -> tuple[tuple[SegmentRef, ...], int] | None:
+    """The segments that hold [start, cut), and the cut: ``end``, or the archive's end where it
+    ends first. None when the archive does not hold ``start``. For a read task that starts below
+    the broker's log start: the archive serves what retention took, Kafka the rest."""
+    if not segments or not segments[0].first_offset <= start < segments[-1].end_offset:
+        return None
+    cut = min(end, segments[-1].end_offset)
+    refs = covering(start, cut, segments)
+    return (refs, cut) if refs else None
+
+
+def spans(topic: str, held: dict[int, list[Segment]]) -> dict[tuple[str, int], tuple[int, int]]:
+    """{(topic, partition): (first offset, end offset)} of contiguous segments per partition."""
+    return {(topic, partition): (segments[0].first_offset, segments[-1].end_offset)
+            for partition, segments in held.items() if segments}

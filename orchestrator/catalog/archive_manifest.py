@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from psycopg import sql
 
 from orchestrator.archive.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog.db import qualified
+from orchestrator.log_identity import LogIdentity
 
 _COLUMNS = ("cluster_id", "topic", "topic_id", "partition", "first_offset", "end_offset",
             "records", "gap_offsets", "bytes", "checksum", "path")
@@ -184,3 +186,27 @@ def noted_log_ends(conn: psycopg.Connection, schema: str) -> dict[tuple[str, str
     rows = conn.execute(sql.SQL("SELECT topic, cluster_id || '-' || topic_id, partition, log_end "
                                 "FROM {}").format(qualified(schema, "archive_log_ends")))
     return {(str(t), str(lineage), int(p)): int(e) for t, lineage, p, e in rows.fetchall()}
+
+
+def held_spans(conn: psycopg.Connection, schema: str, identity: LogIdentity | None,
+               topics: Sequence[str]) -> dict[tuple[str, int], tuple[int, int]]:
+    """{(topic, partition): (first offset, end offset)} that the archive holds of the log
+    ``identity`` names (its segments are contiguous, see :func:`record`). Empty for a log the
+    archive never met, one whose restore is unchecked, or one with no identity recorded."""
+    if identity is None or identity.cluster_id is None:
+        return {}
+    held: dict[tuple[str, int], tuple[int, int]] = {}
+    for topic in topics:
+        topic_id = identity.topics.get(topic)
+        if topic_id is None:
+            continue
+        rows = conn.execute(sql.SQL(
+            "SELECT s.partition, min(s.first_offset), max(s.end_offset) FROM {lineages} l "
+            "JOIN {segments} s ON s.cluster_id = l.root_cluster_id AND s.topic = l.topic "
+            "AND s.topic_id = l.root_topic_id WHERE l.cluster_id = %s AND l.topic = %s "
+            "AND l.topic_id = %s AND l.state = 'live' GROUP BY s.partition").format(
+                lineages=qualified(schema, "archive_lineages"),
+                segments=qualified(schema, "archive_segments")),
+            (identity.cluster_id, topic, topic_id)).fetchall()
+        held.update({(topic, int(p)): (int(first), int(end)) for p, first, end in rows})
+    return held

@@ -52,9 +52,10 @@ def count_reads(conn: psycopg.Connection, catalog_schema: str, version: Deployed
     values, params = _values(ranges)
     stage = qualified(catalog_schema, "read_stage")
     row = conn.execute(sql.SQL(
-        "SELECT sum(size), sum(size - records), sum(size) FILTER (WHERE archived) FROM ("
+        "SELECT sum(size), sum(size - records), sum(archived) FROM ("
         "SELECT DISTINCT ON (s.topic, s.partition, s.range_start) s.range_end - s.range_start "
-        "AS size, s.records, s.archived FROM {stage} s "
+        "AS size, s.records, coalesce(s.archived_offsets, CASE WHEN s.archived "
+        "THEN s.range_end - s.range_start ELSE 0 END) AS archived FROM {stage} s "
         "JOIN (VALUES {values}) r(topic, partition, lo, hi) ON s.topic = r.topic "
         "AND s.partition = r.partition AND s.range_start >= r.lo AND s.range_end <= r.hi "
         "WHERE s.version_id = %s ORDER BY s.topic, s.partition, s.range_start) covered"

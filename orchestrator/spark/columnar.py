@@ -167,7 +167,7 @@ class ColumnarParser:
         return dropped, dead
 
     def _each(self, records: Sequence[RecordWithHeaders]) -> Parsed:
-        """The chunk parsed record by record, as _BatchBuilder.add takes them."""
+        """The chunk parsed record by record, as BatchBuilder.add takes them."""
         kept: list[RecordWithHeaders] = []
         rows: list[tuple[Any, ...]] = []
         dead: list[DeadRecord] = []

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from orchestrator.archive.readable import log_bounds_with_archive
 from orchestrator.catalog import runs, versions
 from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.catalog.output import create_stage, upgrade_dead_letters
@@ -89,7 +90,7 @@ class Driver:
         self.retries.wait_out_outages(self._upgrade_tables, "prepare the output tables")
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
         start_offsets = self.retries.wait_out_outages(
-            lambda: resume_point(self.conn, s.catalog_schema, self.version, self.kafka,
+            lambda: resume_point(self.conn, s, self.version, self.kafka,
                                  checkpoint), "find where to resume")
         query = JobQuery(s, self.version, self.kafka, transform, cores, start_offsets)
         quarantine = self.retries.wait_out_outages(
@@ -169,7 +170,12 @@ class Driver:
 
         processed = (self.retries.wait_out_outages(processed_offsets, "read the processed offsets")
                      if wait_for_catalog else processed_offsets())
-        return lag_against(processed, self.log_clients.bounds(list(self.version.spec.topics)))
+        topics = list(self.version.spec.topics)
+        # Against the readable log: a partition that retention emptied on the broker still has
+        # the archive's records to read.
+        bounds = log_bounds_with_archive(self.conn, self.settings, self.version.log_identity,
+                                         topics, self.log_clients.bounds(topics))
+        return lag_against(processed or self.version.log_start, bounds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import logging
 
 import psycopg
 
+from orchestrator.archive.readable import log_bounds_with_archive
 from orchestrator.catalog import runs
 from orchestrator.catalog.batches import next_batch_id
 from orchestrator.kafka.admin import log_identity
@@ -15,14 +16,15 @@ from orchestrator.kafka_endpoint import Kafka
 from orchestrator.lag import log_changed_reason, log_mismatches
 from orchestrator.log_identity import log_gone_reason, replaced
 from orchestrator.models import DeployedVersion, Offsets
+from orchestrator.settings import Settings
 from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.shape import JobError
 
 log = logging.getLogger("kappa.driver")
 
 
-def resume_point(conn: psycopg.Connection, schema: str, version: DeployedVersion, kafka: Kafka,
-                 checkpoint: Checkpoint) -> Offsets:
+def resume_point(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
+                 kafka: Kafka, checkpoint: Checkpoint) -> Offsets:
     """Where the first batch of a new checkpoint starts, and a refusal when the log or the
     checkpoint no longer fits what the catalog says was applied.
 
@@ -30,7 +32,7 @@ def resume_point(conn: psycopg.Connection, schema: str, version: DeployedVersion
     nothing starts at its log start; a batch job that applied batches resumes at the
     catalog's processed offsets (its output holds everything before them); a stream job's
     state lived only in the lost checkpoint, so it cannot go on exactly."""
-    v = version
+    v, schema = version, settings.catalog_schema
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, v.id)
         next_id = next_batch_id(conn, schema, v.id)
@@ -56,7 +58,8 @@ def resume_point(conn: psycopg.Connection, schema: str, version: DeployedVersion
         gone = replaced(v.log_identity, log_identity(kafka, topics), topics)
         if gone:
             raise JobError(log_gone_reason(gone, v.job, v.version))
-    bounds = log_bounds(kafka, list(v.spec.topics))
+    bounds = log_bounds_with_archive(conn, settings, v.log_identity, list(v.spec.topics),
+                                     log_bounds(kafka, list(v.spec.topics)))
     mismatches = log_mismatches(processed or start, bounds)
     if mismatches:
         raise JobError(log_changed_reason(mismatches, v.job, v.version))

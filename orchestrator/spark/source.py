@@ -10,6 +10,7 @@ batch's commit moves them into the dead-letter table, so every offset is account
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -24,7 +25,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from orchestrator.archive.coverage import SegmentRef, covering
+from orchestrator.archive.coverage import SegmentRef, covering, covering_from, spans
+from orchestrator.archive.held import readable_bounds
 from orchestrator.errors import LogChangedError
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
 from orchestrator.lag import (
@@ -39,21 +41,12 @@ from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
 from orchestrator.spark.arrow import arrow_fields
+from orchestrator.spark.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
 
 SOURCE_NAME = "kappa_kafka"
-_HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
-KAFKA_FIELDS = (
-    pa.field("kafka_topic", pa.string()),
-    pa.field("kafka_partition", pa.int32()),
-    pa.field("kafka_offset", pa.int64()),
-    pa.field("kafka_timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("kafka_key", pa.string()),
-    pa.field("kafka_headers", pa.list_(_HEADER)),
-)
 KAFKA_DDL = ("`kafka_topic` string, `kafka_partition` int, `kafka_offset` bigint, "
              "`kafka_timestamp` timestamp, `kafka_key` string, "
              "`kafka_headers` array<struct<key:string,value:binary>>")
-_ROWS_PER_ARROW_BATCH = 20_000
 FIRST_BATCH_RECORDS = 10_000
 _ARCHIVE_RECHECK_S = 10.0
 
@@ -85,14 +78,15 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
 
 
 class KafkaRange(InputPartition):
-    """Offsets [start, end) of one partition: read from the archive's ``segments`` when it
-    holds them all, else from Kafka."""
+    """Offsets [start, end) of one partition: [start, archived_end) from the archive's
+    ``segments``, the rest from Kafka."""
 
     def __init__(self, topic: str, partition: int, start: int, end: int,
-                 segments: tuple[SegmentRef, ...] = ()):
-        super().__init__((topic, partition, start, end, "archive" if segments else "kafka"))
+                 segments: tuple[SegmentRef, ...] = (), archived_end: int | None = None):
+        cut = start if not segments else end if archived_end is None else archived_end
+        super().__init__((topic, partition, start, end, cut))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
-        self.segments = segments
+        self.segments, self.archived_end = segments, cut
 
 
 class KafkaLogSource(DataSource):
@@ -164,7 +158,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit
                      ) -> dict[str, dict[str, int]]:
         self._check_log()
-        bounds = self._bounds()
+        bounds = self._readable(self._bounds())
         starts, ends = _offsets(bounds, 0), _offsets(bounds, 1)
         mismatches = log_mismatches(start, bounds)
         if mismatches:
@@ -193,14 +187,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Every core of the cluster gets a read task, whatever the number of Kafka partitions.
         chunk = chunk_size(total, self.cores, self.chunk_records)
         archived = self._archived() if total else {}
+        # Only where the archive holds something: the broker's start, below which Kafka
+        # cannot serve a task's first offsets.
+        broker = self._bounds() if archived else {}
         for topic, partitions in end.items():
             for partition, stop in partitions.items():
                 first = start.get(topic, {}).get(partition, stop)
                 held = archived.get(int(partition), [])
+                broker_start = broker.get((topic, int(partition)), (0, 0))[0]
                 for lo, hi in split_range(first, stop, chunk):
-                    ranges.append(KafkaRange(topic, int(partition), lo, hi,
-                                             covering(lo, hi, held) or ()))
+                    whole = covering(lo, hi, held)
+                    part = covering_from(lo, hi, held) if not whole and lo < broker_start \
+                        else None
+                    ranges.append(KafkaRange(topic, int(partition), lo, hi, *part) if part
+                                  else KafkaRange(topic, int(partition), lo, hi, whole or ()))
         return ranges
+
+    def _readable(self, broker: dict[tuple[str, int], tuple[int, int]]
+                  ) -> dict[tuple[str, int], tuple[int, int]]:
+        """The broker's bounds, reaching down into the archive where retention took what it
+        holds; the archive is asked only once the log has lost its first offsets."""
+        if not self.archive_root or all(first == 0 for first, _ in broker.values()):
+            return broker
+        return readable_bounds(broker, spans(self.topic, self._archived()))
 
     def _archived(self) -> dict[int, list[Any]]:
         """{partition: segments} the archive holds of the log this version reads. Segments
@@ -239,7 +248,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         non_negative = json.loads(self.options["non_negative"])
         pass_tombstones = self.options["tombstones"] == "pass"
         parser = EventParser(schema, non_negative)
-        builder = _BatchBuilder(
+        builder = BatchBuilder(
             pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), partition.topic,
             partition.partition, len(parser.fields),
             pass_tombstones=pass_tombstones,
@@ -251,15 +260,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parse = parser.parse
         add = builder.add
         found = 0
-        if not partition.segments:
-            chunks: Iterator[Any] = read_range(
-                self.kafka, partition.topic, partition.partition, partition.start,
-                partition.end, self.group_id, headers=True)
-        else:  # imported only where the archive is read: Python workers start without it
+        cut = partition.archived_end
+        chunks: Iterator[Any] = iter(())
+        if partition.segments:  # imported only where the archive is read
             from orchestrator.spark.archive_source import read_archived
 
             chunks = read_archived(self.archive_root or "", partition.segments,
-                                   partition.start, partition.end)
+                                   partition.start, cut)
+        if cut < partition.end:
+            chunks = itertools.chain(chunks, read_range(
+                self.kafka, partition.topic, partition.partition, cut, partition.end,
+                self.group_id, headers=True))
         for records in chunks:
             found += len(records)
             if columnar is not None:
@@ -268,14 +279,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for offset, timestamp_ms, key, value, headers in records:  # type: ignore[misc]
                     values, error = parse(value)
                     add(offset, timestamp_ms, key, value, headers, values, error)
-            if len(builder.dead) >= _ROWS_PER_ARROW_BATCH:
+            if len(builder.dead) >= ROWS_PER_ARROW_BATCH:
                 builder.flush_dead_letters()
-            if builder.size >= _ROWS_PER_ARROW_BATCH:
+            if builder.size >= ROWS_PER_ARROW_BATCH:
                 yield builder.flush()
         builder.flush_dead_letters()
         stage_read(self.options["catalog_schema"], int(self.options["version_id"]),
                    partition.topic, partition.partition, partition.start, partition.end, found,
-                   archived=bool(partition.segments))
+                   archived_offsets=cut - partition.start)
         if builder.size:
             yield builder.flush()
 
@@ -287,101 +298,3 @@ def _offsets(bounds: dict[tuple[str, int], tuple[int, int]], side: int
     for (topic, partition), pair in bounds.items():
         out.setdefault(topic, {})[str(partition)] = pair[side]
     return out
-
-
-class _BatchBuilder:
-    """Column lists for one Arrow batch of valid rows, and the dead letters read beside them."""
-
-    def __init__(self, schema: pa.Schema, topic: str, partition: int, n_fields: int, *,
-                 pass_tombstones: bool, version_id: int, catalog_schema: str):
-        self.schema, self.topic, self.partition, self.n_fields = schema, topic, partition, n_fields
-        self.pass_tombstones = pass_tombstones
-        self.version_id, self.catalog_schema = version_id, catalog_schema
-        self.dead: list[tuple[Any, ...]] = []
-        self._reset()
-
-    def _reset(self) -> None:
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.headers: list[_Headers | None] = []  # as Kafka gives them; see _kafka_arrays
-        self.fields: list[list[Any]] = [[] for _ in range(self.n_fields)]
-
-    @property
-    def size(self) -> int:
-        return len(self.offsets)
-
-    def add(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
-            headers: list[tuple[str, bytes | None]] | None, values: tuple[Any, ...] | None,
-            error: str | None) -> None:
-        if values is None:
-            if not (value is None and self.pass_tombstones):
-                self.dead.append((self.version_id, self.topic, self.partition, offset,
-                                  timestamp_ms, key, value, error))
-                return
-            values = (None,) * self.n_fields
-        self.offsets.append(offset)
-        self.timestamps.append(timestamp_ms)
-        self.keys.append(key)
-        self.headers.append(headers)
-        for column, v in zip(self.fields, values, strict=True):
-            column.append(v)
-
-    def extend(self, offsets: list[int], timestamps: list[int], keys: list[bytes | None],
-               headers: list[_Headers | None], fields: list[list[Any]],
-               dead: list[tuple[int, int, bytes | None, bytes | None, str | None]]) -> None:
-        """Add a chunk parsed a column at a time (ColumnarParser.parse): the rows it keeps,
-        then its dead letters, as ``add`` would have added its records one by one."""
-        self.offsets += offsets
-        self.timestamps += timestamps
-        self.keys += keys
-        self.headers += headers
-        for column, values in zip(self.fields, fields, strict=True):
-            column.extend(values)
-        self.dead += map((self.version_id, self.topic, self.partition).__add__, dead)
-
-    def flush_dead_letters(self) -> None:
-        from orchestrator.spark.writer import stage_dead_letters
-
-        stage_dead_letters(self.catalog_schema, self.dead)
-        self.dead = []
-
-    def flush(self) -> pa.RecordBatch:
-        arrays = _kafka_arrays(self.topic, self.partition, self.offsets, self.timestamps,
-                               self.keys, self.headers)
-        arrays += [pa.array(col, self.schema.field(len(KAFKA_FIELDS) + i).type)
-                   for i, col in enumerate(self.fields)]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-        self._reset()
-        return batch
-
-
-def _utf8(keys: list[bytes | None]) -> pa.Array:
-    """Keys as UTF-8 strings; a key that is not UTF-8 is decoded with replacement characters."""
-    raw = pa.array(keys, pa.binary())
-    try:
-        return raw.cast(pa.string())
-    except pa.ArrowInvalid:
-        return pa.array([k.decode("utf-8", "replace") if k is not None else None for k in keys],
-                        pa.string())
-
-
-# [(name, value)] of one record, as confluent-kafka gives them
-_Headers = list[tuple[str, bytes | None]]
-
-
-def _kafka_arrays(topic: str, partition: int, offsets: list[int], timestamps: list[int],
-                  keys: list[bytes | None], headers: list[_Headers | None]) -> list[pa.Array]:
-    """The Kafka metadata columns of one batch, in KAFKA_FIELDS order."""
-    n = len(offsets)
-    if headers.count(None) != n:  # most records carry no headers: then there is nothing to do
-        headers = [h or None for h in headers]  # an empty list is no headers too: null
-    return [
-        pa.array([topic] * n, pa.string()),
-        pa.array([partition] * n, pa.int32()),
-        pa.array(offsets, pa.int64()),
-        pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-        .cast(pa.timestamp("us", tz="UTC")),
-        _utf8(keys),
-        pa.array(headers, pa.list_(_HEADER)),  # pyarrow reads each (name, value) as a struct
-    ]

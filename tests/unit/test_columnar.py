@@ -16,16 +16,16 @@ from orchestrator.sample import sample_events
 from orchestrator.schema import INTEGER_BITS, Primitive, Struct, from_flat, parse_ddl
 from orchestrator.spark import source
 from orchestrator.spark.arrow import arrow_fields
+from orchestrator.spark.batch_builder import _HEADER, KAFKA_FIELDS, BatchBuilder, _kafka_arrays
 from orchestrator.spark.columnar import ColumnarParser
-from orchestrator.spark.source import _HEADER, KAFKA_FIELDS, _BatchBuilder, _kafka_arrays
 
 Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
 FLAT_TYPES = ("bigint", "int", "smallint", "tinyint", "string", "boolean")
 TOPIC, PARTITION, VERSION_ID = "events", 3, 7
 
 
-def _builder(schema: Struct, pass_tombstones: bool) -> _BatchBuilder:
-    return _BatchBuilder(pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), TOPIC, PARTITION,
+def _builder(schema: Struct, pass_tombstones: bool) -> BatchBuilder:
+    return BatchBuilder(pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), TOPIC, PARTITION,
                          len(schema.fields), pass_tombstones=pass_tombstones,
                          version_id=VERSION_ID, catalog_schema="unused")
 
