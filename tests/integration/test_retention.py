@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from conftest import job_file
+from conftest import job_file, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("s3")]
 KEPT, SHORT = "pageviews", "clicks"
 
 
-def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(state: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
-    env.update({"KAPPA_SPARK_DRIVER_MEMORY": "768m", "KAPPA_HEARTBEAT_INTERVAL_S": "1"})
+    env.update({"KAPPA_SPARK_DRIVER_MEMORY": "768m", "KAPPA_HEARTBEAT_INTERVAL_S": "1", **extra})
     done = subprocess.run([str(Path(sys.executable).with_name("kappa")), "--state-dir",
                            str(state), *args], env=env, capture_output=True, text=True,
                           timeout=600, check=False)
@@ -106,13 +106,33 @@ def test_a_version_deployed_after_retention_replays_from_zero_out_of_the_archive
         assert dead_letters(settings, "pageview_counts__v1__dead_letters") == \
             whole.invalid_offsets
         assert_batches_tile_the_log(settings, "pageview_counts", "v1", KEPT, whole.log_end)
-        (status,) = json.loads(_ok(state, "status", "--json"))
-        assert status["state"] in ("caught_up", "live"), status
+        assert _state(state, "v1") in ("caught_up", "live")
+        (lag,) = json.loads(_ok(state, "lag", "pageview_counts", "--json"))
+        assert lag["lag_records"] == 0 and lag["lag_seconds"] == 0, lag
         # One batch, one read task per partition, from offset 0 to the log end: the archive
         # served up to its end, Kafka the rest.
         assert len(batches(settings, "pageview_counts", "v1")) == 1
         assert _archived_offsets(settings) == sum(
             end for (topic, _), end in archive_ends.items() if topic == KEPT)
+
+        # A version that stopped below the broker's start: its time lag is unknown (the
+        # broker's first record is younger than the one it waits for), and a restart goes on
+        # reading the archive.
+        crashed = _cli(state, "deploy", str(job_file(tmp_path, "v2", KEPT)),
+                       KAPPA_MAX_BATCH_RECORDS="600",
+                       KAPPA_FAIL_POINTS="batch.after_pg_commit=1*off->1*exit")
+        assert crashed.returncode == 0, crashed.stderr
+        wait_until(lambda: _state(state, "v2") == "failed", 120, "the driver to exit at the "
+                   "fail point after its second batch", poll_s=0.5)
+        (v2,) = [v for v in json.loads(_ok(state, "status", "--json")) if v["version"] == "v2"]
+        assert all(int(at) < kept[(KEPT, int(p))][0]
+                   for p, at in v2["processed_offsets"][KEPT].items()), (v2, kept)
+        (lag,) = json.loads(_ok(state, "lag", "pageview_counts", "--version", "v2", "--json"))
+        assert 0 < lag["lag_records"] < whole.records and lag["lag_seconds"] is None, lag
+        _ok(state, "restart", "pageview_counts", "v2")
+        _ok(state, "wait", "pageview_counts", "v2", "--timeout", "300")
+        assert output(settings, "pageview_counts__v2") == whole.v2
+        assert_batches_tile_the_log(settings, "pageview_counts", "v2", KEPT, whole.log_end)
 
         # The archive of SHORT ends below its log start: refused as before, saying where.
         refused = _cli(state, "deploy", str(job_file(tmp_path, "v1", SHORT, name="clicks")))
@@ -122,8 +142,14 @@ def test_a_version_deployed_after_retention_replays_from_zero_out_of_the_archive
             assert f"{SHORT}/{p} ends at {archive_ends[(SHORT, p)]} below the log start " \
                 f"{first}" in refused.stderr, refused.stderr
     finally:
-        _cli(state, "stop", "pageview_counts", "v1")
+        for version in ("v1", "v2"):
+            _cli(state, "stop", "pageview_counts", version)
         _cli(state, "dev", "down")
+
+
+def _state(state: Path, version: str) -> str:
+    return next(str(v["state"]) for v in json.loads(_ok(state, "status", "--json"))
+                if v["version"] == version)
 
 
 def _archived_offsets(settings: Any) -> int:
