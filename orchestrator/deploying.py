@@ -82,9 +82,10 @@ class Deploy:
         # Before the bounds: a topic recreated in between fails the version, never blesses a
         # log it did not read.
         identity = log_identity(self.bootstrap, topics)
+        broker = log_bounds(self.bootstrap, topics)
         log_start, gone = replay_start(
-            log_bounds(self.bootstrap, topics), allow_gap=self.allow_gap,
-            archived=archived_spans(conn, self.svc.settings, identity, topics))
+            broker, allow_gap=self.allow_gap,
+            archived=archived_spans(conn, self.svc.settings, identity, topics, broker))
         return identity, log_start, gone
 
     def register(self, conn: psycopg.Connection, identity: LogIdentity, log_start: Offsets,

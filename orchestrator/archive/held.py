@@ -22,8 +22,7 @@ def readable_bounds(broker: Bounds, archived: Bounds) -> dict[Position, tuple[in
     out: dict[Position, tuple[int, int]] = {}
     for key, (start, end) in broker.items():
         span = archived.get(key)
-        reaches = span is not None and span[0] < start <= span[1]
-        out[key] = (span[0] if span is not None and reaches else start, end)
+        out[key] = (span[0], end) if span and span[0] < start <= span[1] else (start, end)
     return out
 
 

@@ -18,12 +18,14 @@ from orchestrator.settings import Settings
 
 
 def archived_spans(conn: psycopg.Connection, settings: Settings, identity: LogIdentity | None,
-                   topics: Sequence[str]) -> dict[Position, tuple[int, int]]:
-    """What the archive holds of the log, where replays read it; empty where they do not (a
+                   topics: Sequence[str], broker: Mapping[Position, tuple[int, int]]
+                   ) -> dict[Position, tuple[int, int]]:
+    """What the archive holds of the log, where replays read it. Asked only once retention has
+    taken offsets from the broker (``broker``'s bounds); empty where replays read no archive (a
     plain local archive root with Spark on a cluster: see ``executor_archive_root``)."""
     from orchestrator.archive.archiver import executor_archive_root
 
-    if executor_archive_root(settings) is None:
+    if all(first == 0 for first, _ in broker.values()) or executor_archive_root(settings) is None:
         return {}
     with conn.transaction():
         return held_spans(conn, settings.catalog_schema, identity, topics)
@@ -33,8 +35,5 @@ def log_bounds_with_archive(conn: psycopg.Connection, settings: Settings,
                             identity: LogIdentity | None, topics: Sequence[str],
                             broker: Mapping[Position, tuple[int, int]]
                             ) -> dict[Position, tuple[int, int]]:
-    """``broker``'s bounds, reaching into the archive; it is asked only once retention ran."""
-    if all(first == 0 for first, _ in broker.values()):
-        return dict(broker)
-    return readable_bounds(broker, archived_spans(conn, settings, identity, topics))
-
+    """``broker``'s bounds, reaching into the archive."""
+    return readable_bounds(broker, archived_spans(conn, settings, identity, topics, broker))

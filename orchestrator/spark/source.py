@@ -117,6 +117,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.archive_root = options.get("archive_root") or None
         self._probe: Any = None
         self._archive_seen: tuple[float, dict[int, list[Any]]] | None = None
+        self._last_bounds: dict[tuple[str, int], tuple[int, int]] = {}
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
 
@@ -128,6 +129,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._probe is None:
             self._probe = LogEndProbe(self.kafka)
         bounds: dict[tuple[str, int], tuple[int, int]] = self._probe.bounds([self.topic])
+        self._last_bounds = bounds
         return bounds
 
     def _log_ends(self) -> dict[str, dict[str, int]]:
@@ -188,8 +190,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         chunk = chunk_size(total, self.cores, self.chunk_records)
         archived = self._archived() if total else {}
         # Only where the archive holds something: the broker's start, below which Kafka
-        # cannot serve a task's first offsets.
-        broker = self._bounds() if archived else {}
+        # cannot serve a task's first offsets (as latestOffset just saw it, unless a restart
+        # plans its unfinished batch again first).
+        broker = (self._last_bounds or self._bounds()) if archived else {}
         for topic, partitions in end.items():
             for partition, stop in partitions.items():
                 first = start.get(topic, {}).get(partition, stop)
