@@ -76,13 +76,15 @@ class ParquetStore:
                                "again") from exc
 
     def read(self, relative: str) -> list[ArchivedRecord]:
+        return from_table(self.read_table(relative))
+
+    def read_table(self, relative: str) -> pa.Table:
         location = self.location(relative)
         try:
-            table = pq.read_table(location, filesystem=self.fs, schema=SCHEMA)
+            return pq.read_table(location, filesystem=self.fs, schema=SCHEMA)
         except (OSError, pa.ArrowInvalid) as exc:
             raise ArchiveError(f"cannot read segment {location} ({exc}): it is gone or "
                                "damaged; run `kappa archive verify`") from exc
-        return from_table(table)
 
     def files(self, directory: str) -> list[fs.FileInfo]:
         where = self.location(directory)

@@ -2,31 +2,32 @@
 reads (on the driver), and read tasks that serve offset ranges from its segments (on the
 executors).
 
-A segment is read whole, checked against the manifest's record count and checksum, and only
-then used: a segment that is gone or differs stops the read task, and with it the batch, naming
-the segment; it is never skipped, and never read from another lineage (the driver takes the
-segments of the lineage the version's log identity belongs to).
+A segment is read whole as an Arrow table, checked against the manifest's record count and
+checksum, and only then used: a segment that is gone or differs stops the read task, and with
+it the batch, naming the segment; it is never skipped, and never read from another lineage (the
+driver takes the segments of the lineage the version's log identity belongs to).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from orchestrator.archive.coverage import SegmentRef
-from orchestrator.archive.segments import ArchivedRecord, ArchiveError, Lineage, Segment, checksum
+from orchestrator.archive.segments import ArchiveError, Lineage, Segment
 from orchestrator.log_identity import LogIdentity
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from orchestrator.archive.parquet_store import ParquetStore
 
 log = logging.getLogger(__name__)
 # (offset, timestamp ms, key, value, headers): a record as the Kafka reader gives it
 Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
-_CHUNK = 10_000  # records handed to the parser at a time, as the Kafka reader's batches
+_CHUNK = 20_000  # records handed to the parser at a time: one Arrow batch's worth
 
 
 def archived_segments(catalog_schema: str, identity_json: str | None, topic: str,
@@ -65,37 +66,44 @@ def _root_exists(store: ParquetStore) -> bool:
 
 
 # Executor side ---------------------------------------------------------------------------------
-_last: dict[str, list[ArchivedRecord]] = {}  # the last segment read by this Python worker
+_last: dict[str, pa.Table] = {}  # the last segment read by this Python worker
 
 
 def read_archived(root: str, segments: tuple[SegmentRef, ...], start: int, end: int
-                  ) -> Iterator[list[Record]]:
-    """The records of [start, end), in offset order, a chunk at a time."""
+                  ) -> Iterator[pa.Table]:
+    """The archived records of [start, end) (parquet_store.SCHEMA), in offset order, a chunk at
+    a time."""
     from orchestrator.archive.parquet_store import ParquetStore
 
     store = ParquetStore(root)
     for ref in segments:
-        records = _segment(store, ref)
-        offsets = [r[0] for r in records]
-        lo = bisect.bisect_left(offsets, start)
-        hi = bisect.bisect_left(offsets, end)
+        table = _segment(store, ref)
+        offsets = table.column("offset").to_numpy()
+        lo, hi = (int(i) for i in offsets.searchsorted([start, end]))
         for at in range(lo, hi, _CHUNK):
-            yield [(o, ts, key, value, headers)
-                   for o, ts, _, key, value, headers in records[at:min(hi, at + _CHUNK)]]
+            yield table.slice(at, min(hi, at + _CHUNK) - at)
 
 
-def _segment(store: ParquetStore, ref: SegmentRef) -> list[ArchivedRecord]:
+def as_records(table: pa.Table) -> list[Record]:
+    """Archived records as the Kafka reader gives them, for the record-by-record parser."""
+    from orchestrator.archive.parquet_store import from_table
+
+    return [(o, ts, key, value, headers) for o, ts, _, key, value, headers in from_table(table)]
+
+
+def _segment(store: ParquetStore, ref: SegmentRef) -> pa.Table:
+    from orchestrator.archive.table_checksum import table_checksum
+
     location = store.location(ref.path)
     cached = _last.get(location)
     if cached is not None:
         return cached
-    records = store.read(ref.path)
-    if len(records) != ref.records or checksum(records) != ref.checksum:
+    table = store.read_table(ref.path)
+    if table.num_rows != ref.records or table_checksum(table) != ref.checksum:
         raise ArchiveError(
-            f"segment {location} differs from the archive's manifest ({len(records):,} records "
-            f"against {ref.records:,}, or another checksum): run `kappa archive verify`, then "
-            "restore the segment from a backup")
+            f"segment {location} differs from the archive's manifest ({table.num_rows:,} "
+            f"records against {ref.records:,}, or another checksum): run `kappa archive "
+            "verify`, then restore the segment from a backup")
     _last.clear()
-    _last[location] = records
-    return records
-
+    _last[location] = table
+    return table

@@ -34,7 +34,7 @@ class BatchBuilder:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
         self.keys: list[bytes | None] = []
-        self.headers: list[_Headers | None] = []  # as Kafka gives them; see _kafka_arrays
+        self.headers: list[_Headers | None] = []  # as Kafka gives them; see kafka_arrays
         self.fields: list[list[Any]] = [[] for _ in range(self.n_fields)]
 
     @property
@@ -68,6 +68,11 @@ class BatchBuilder:
         self.headers += headers
         for column, values in zip(self.fields, fields, strict=True):
             column.extend(values)
+        self.add_dead_letters(dead)
+
+    def add_dead_letters(self, dead: list[tuple[int, int, bytes | None, bytes | None,
+                                                str | None]]) -> None:
+        """(offset, timestamp ms, key, value, error) of records that become dead letters."""
         self.dead += map((self.version_id, self.topic, self.partition).__add__, dead)
 
     def flush_dead_letters(self) -> None:
@@ -77,7 +82,7 @@ class BatchBuilder:
         self.dead = []
 
     def flush(self) -> pa.RecordBatch:
-        arrays = _kafka_arrays(self.topic, self.partition, self.offsets, self.timestamps,
+        arrays = kafka_arrays(self.topic, self.partition, self.offsets, self.timestamps,
                                self.keys, self.headers)
         arrays += [pa.array(col, self.schema.field(len(KAFKA_FIELDS) + i).type)
                    for i, col in enumerate(self.fields)]
@@ -86,7 +91,7 @@ class BatchBuilder:
         return batch
 
 
-def _utf8(keys: list[bytes | None]) -> pa.Array:
+def utf8_keys(keys: list[bytes | None]) -> pa.Array:
     """Keys as UTF-8 strings; a key that is not UTF-8 is decoded with replacement characters."""
     raw = pa.array(keys, pa.binary())
     try:
@@ -100,7 +105,7 @@ def _utf8(keys: list[bytes | None]) -> pa.Array:
 _Headers = list[tuple[str, bytes | None]]
 
 
-def _kafka_arrays(topic: str, partition: int, offsets: list[int], timestamps: list[int],
+def kafka_arrays(topic: str, partition: int, offsets: list[int], timestamps: list[int],
                   keys: list[bytes | None], headers: list[_Headers | None]) -> list[pa.Array]:
     """The Kafka metadata columns of one batch, in KAFKA_FIELDS order."""
     n = len(offsets)
@@ -112,6 +117,6 @@ def _kafka_arrays(topic: str, partition: int, offsets: list[int], timestamps: li
         pa.array(offsets, pa.int64()),
         pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
         .cast(pa.timestamp("us", tz="UTC")),
-        _utf8(keys),
+        utf8_keys(keys),
         pa.array(headers, pa.list_(_HEADER)),  # pyarrow reads each (name, value) as a struct
     ]

@@ -97,6 +97,10 @@ class ColumnarParser:
         self._pass_tombstones = pass_tombstones
         self._per_record = False  # the previous chunk was mostly dead letters
 
+    @property
+    def columns(self) -> tuple[_Column, ...]:
+        return self._columns
+
     @classmethod
     def for_schema(cls, schema: Struct, parser: EventParser, non_negative: Sequence[str],
                    pass_tombstones: bool) -> ColumnarParser | None:

@@ -266,10 +266,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cut = partition.archived_end
         chunks: Iterator[Any] = iter(())
         if partition.segments:  # imported only where the archive is read
-            from orchestrator.spark.archive_source import read_archived
+            from orchestrator.spark.archive_source import as_records, read_archived
+            from orchestrator.spark.arrow_events import ArrowEventParser
 
-            chunks = read_archived(self.archive_root or "", partition.segments,
-                                   partition.start, cut)
+            archived = read_archived(self.archive_root or "", partition.segments,
+                                     partition.start, cut)
+            if columnar is None:
+                chunks = map(as_records, archived)
+            else:  # Arrow to Arrow: no Python object per record
+                arrow = ArrowEventParser(columnar, builder.schema, partition.topic,
+                                         partition.partition)
+                for table in archived:
+                    found += table.num_rows
+                    batch, dead = arrow.parse(table)
+                    builder.add_dead_letters(dead)
+                    if len(builder.dead) >= ROWS_PER_ARROW_BATCH:
+                        builder.flush_dead_letters()
+                    if batch.num_rows:
+                        yield batch
         if cut < partition.end:
             chunks = itertools.chain(chunks, read_range(
                 self.kafka, partition.topic, partition.partition, cut, partition.end,

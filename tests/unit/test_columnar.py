@@ -16,7 +16,7 @@ from orchestrator.sample import sample_events
 from orchestrator.schema import INTEGER_BITS, Primitive, Struct, from_flat, parse_ddl
 from orchestrator.spark import source
 from orchestrator.spark.arrow import arrow_fields
-from orchestrator.spark.batch_builder import _HEADER, KAFKA_FIELDS, BatchBuilder, _kafka_arrays
+from orchestrator.spark.batch_builder import _HEADER, KAFKA_FIELDS, BatchBuilder, kafka_arrays
 from orchestrator.spark.columnar import ColumnarParser
 
 Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
@@ -173,7 +173,7 @@ def test_after_a_mostly_dead_chunk(pass_tombstones: bool) -> None:
 @settings(deadline=None)
 def test_metadata_columns(rows: list[tuple[bytes | None, Any]]) -> None:
     keys, headers = [k for k, _ in rows], [h for _, h in rows]
-    topic, partition, offsets, timestamps, key_col, header_col = _kafka_arrays(
+    topic, partition, offsets, timestamps, key_col, header_col = kafka_arrays(
         TOPIC, PARTITION, list(range(len(rows))), [1_700_000_000_123] * len(rows), keys,
         headers)
     assert topic.to_pylist() == [TOPIC] * len(rows)
