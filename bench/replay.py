@@ -1,6 +1,7 @@
 """Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
-    .venv/bin/python bench/replay.py [--events N [N ...]] [--workers W [W ...]] [--json]
+    .venv/bin/python bench/replay.py [--events N [N ...]] [--source kafka [archive]]
+                                     [--workers W [W ...]] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
 KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample events into a new
@@ -14,6 +15,9 @@ KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample even
    up) to `caught_up` (start excluded); deploy to the first committed batch (the first catalog
    `batches` row's `applied_at`, the now() of that batch's commit transaction); the driver's
    peak resident memory (Python and JVM); µs per event with start excluded.
+4. with --source kafka archive: `kappa archive run --once` on the topic, then the same replay by
+   a second version, which now reads every range from the archive's segments (checked by the
+   batch records' archived offsets): the same figures, and the ratios to the replay from Kafka.
 It checks that kappa's output table equals the peer's row for row and that both rejected the
 same number of records (raises if not), prints the rates and ratios, and with several N the
 "flat cost" figure: µs per event at the largest N over µs per event at the smallest (1.0: the
@@ -29,110 +33,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from psycopg import sql
 
 from orchestrator.catalog.db import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "pageview_counts"
-
-
-def reader(bootstrap: str, topic: str) -> Consumer:
-    """A consumer connected to the topic's broker, tuned as one big reader."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-        "enable.auto.commit": False, "enable.partition.eof": True,
-        # The single-big-reader tuning measured on Tansu (shared/ENVIRONMENT.md).
-        "fetch.max.bytes": 50 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
-        "queued.max.messages.kbytes": 262144, "queued.min.messages": 1000000,
-        "fetch.wait.max.ms": 100,
-    })
-    consumer.list_topics(topic, timeout=10)  # connects: not part of the timed read
-    return consumer
-
-
-def read_all(consumer: Consumer, topic: str, partitions: list[int]) -> int:
-    """Records from offset 0 to the end of each partition (no decoding)."""
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    pending, seen = set(partitions), 0
-    while pending:
-        # consume() waits out its whole timeout unless the batch fills: a long one would add
-        # that wait to the tail of every read (a second on 20,000 records).
-        for msg in consumer.consume(10000, 0.05):
-            err = msg.error()
-            if err is None:
-                seen += 1
-            elif err.code() == KafkaError._PARTITION_EOF:
-                pending.discard(msg.partition())
-            else:
-                raise RuntimeError(err)
-    return seen
-
-
-def topic_partitions(bootstrap: str, topic: str) -> list[int]:
-    consumer = reader(bootstrap, topic)
-    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-    consumer.close()
-    return partitions
-
-
-def raw_read_rate(bootstrap: str, topic: str, expected: int) -> float:
-    """Records/s of one process reading the whole topic."""
-    partitions = topic_partitions(bootstrap, topic)
-    consumer = reader(bootstrap, topic)
-    began = time.perf_counter()
-    seen = read_all(consumer, topic, partitions)
-    elapsed = time.perf_counter() - began
-    consumer.close()
-    if seen != expected:
-        raise RuntimeError(f"raw reader saw {seen} records, expected {expected}")
-    return seen / elapsed
-
-
-def _read_share(bootstrap: str, topic: str, partitions: list[int], barrier: Any,
-                results: Any) -> None:
-    """One reader process: connect, wait for the others, read its partitions; report
-    (records, began, ended) on the monotonic clock, which all processes share on Linux."""
-    consumer = reader(bootstrap, topic)
-    barrier.wait()
-    began = time.monotonic()
-    seen = read_all(consumer, topic, partitions)
-    results.put((seen, began, time.monotonic()))
-    consumer.close()
-
-
-def raw_read_rate_all_cores(bootstrap: str, topic: str, expected: int) -> tuple[float, int]:
-    """(records/s, processes): one reader process per usable core over disjoint partitions."""
-    partitions = topic_partitions(bootstrap, topic)
-    n = min(len(os.sched_getaffinity(0)), len(partitions))
-    ctx = multiprocessing.get_context("spawn")  # no forked librdkafka threads or sockets
-    barrier, results = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_read_share, args=(bootstrap, topic, partitions[i::n], barrier,
-                                                   results)) for i in range(n)]
-    for p in procs:
-        p.start()
-    reports = [results.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise RuntimeError(f"a reader process exited with {p.exitcode}")
-    seen = sum(r[0] for r in reports)
-    if seen != expected:
-        raise RuntimeError(f"{n} raw readers saw {seen} records, expected {expected}")
-    return seen / (max(r[2] for r in reports) - min(r[1] for r in reports)), n
 
 
 def job_file(directory: Path, topic: str, version: str) -> Path:
@@ -266,12 +182,77 @@ def profiled(pid: int | None, directory: Path | None, version: str
                         "stacks_file": str(stacks)}
 
 
-def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
-            workers: list[int], worker_cores: int, profile: Path | None = None
-            ) -> dict[str, Any]:
-    """Every figure for one topic of ``count`` events; ``name`` is unique per run."""
-    from bench import peer
+def archived_offsets(settings: Any, version: str) -> int:
+    """Offsets the version's batches read from the archive (the batch records' own count)."""
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT coalesce(sum(b.archived_offsets), 0) FROM {s}.batches b JOIN "
+            "{s}.job_versions v ON v.id = b.version_id WHERE v.job = %s AND v.version = %s")
+            .format(s=sql.Identifier(settings.catalog_schema)), (JOB, version)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def checked_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str,
+                   peer_table: str, theirs: dict[str, Any], produced: int,
+                   profile: Path | None) -> dict[str, Any]:
+    """kappa's replay, its output checked against the peer's; the version is stopped after."""
     from orchestrator.naming import output_table
+
+    ours = kappa_replay(settings, service, workdir, topic, version, profile)
+    try:
+        differing = table_difference(settings, output_table(JOB, version), peer_table)
+        ours["archived_offsets"] = archived_offsets(settings, version)
+    finally:
+        service.stop(JOB, version)  # frees the driver's memory before the next replay
+    if differing or theirs["records"] != produced or theirs["invalid"] != ours["dead_letters"]:
+        raise RuntimeError(
+            f"kappa and the peer disagree on {topic}: {differing} rows differ; the peer read "
+            f"{theirs['records']} of {produced} records and rejected {theirs['invalid']}; "
+            f"kappa processed offsets up to {ours['processed']} in all and dead-lettered "
+            f"{ours['dead_letters']}")
+    return ours
+
+
+def from_archive(settings: Any, service: Any, workdir: Path, topic: str, version: str,
+                 peer_table: str, theirs: dict[str, Any], produced: int, kafka: dict[str, Any],
+                 raw_all: float, profile: Path | None) -> dict[str, Any]:
+    """The topic archived (`kappa archive run --once`), then replayed from the archive."""
+    began = time.perf_counter()
+    service.archive([topic], once=True)
+    archived_s = time.perf_counter() - began
+    ours = checked_replay(settings, service, workdir, topic, version, peer_table, theirs,
+                          produced, profile)
+    if ours["archived_offsets"] != produced:
+        raise RuntimeError(f"the replay read {ours['archived_offsets']} of {produced} offsets "
+                           "from the archive: it was meant to read them all there")
+    wall, replay_s = ours["wall_s"], ours["replay_s"]
+    return {
+        "archive_run_once_s": round(archived_s, 2),
+        "offsets_read_from_archive": ours["archived_offsets"],
+        "kappa_records_per_s_with_start": round(produced / wall),
+        "kappa_records_per_s_without_start": round(produced / replay_s),
+        "without_start_over_kafka": round(kafka["replay_s"] / replay_s, 4),
+        "with_start_over_kafka": round(kafka["wall_s"] / wall, 4),
+        "kappa_without_start_over_raw_all_cores": round(produced / replay_s / raw_all, 4),
+        "peer_over_kappa_with_start": round(theirs["seconds"] / wall, 4),
+        "peer_over_kappa_without_start": round(theirs["seconds"] / replay_s, 4),
+        "deploy_to_caught_up_s": round(wall, 2),
+        "spark_up_to_caught_up_s": round(replay_s, 2),
+        "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
+        "driver_peak_rss_total_mb": ours["memory"]["total_mb"],
+        "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
+        "tables_equal": True,  # checked_replay raised otherwise
+        **({"profile": ours["profile"]} if "profile" in ours else {}),
+    }
+
+
+def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
+            workers: list[int], worker_cores: int, profile: Path | None = None,
+            sources: tuple[str, ...] = ("kafka",)) -> dict[str, Any]:
+    """Every figure for one topic of ``count`` events; ``name`` is unique per run. The replay
+    from Kafka runs first, before the archive holds the topic: then Kafka serves every range."""
+    from bench import peer
+    from bench.raw_read import raw_read_rate, raw_read_rate_all_cores
 
     topic, version = f"bench_{name}", f"b{name}"
     bootstrap = settings.kafka_bootstrap or ""
@@ -280,17 +261,14 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
     raw_all, readers = raw_read_rate_all_cores(bootstrap, topic, produced)
     peer_table = f"peer_{name}"
     theirs = peer.replay(bootstrap, topic, settings.pg_dsn, settings.data_schema, peer_table)
-    ours = kappa_replay(settings, service, workdir, topic, version, profile)
-    try:
-        differing = table_difference(settings, output_table(JOB, version), peer_table)
-    finally:
-        service.stop(JOB, version)  # frees the driver's memory before the next N
-    if differing or theirs["records"] != produced or theirs["invalid"] != ours["dead_letters"]:
-        raise RuntimeError(
-            f"kappa and the peer disagree on {topic}: {differing} rows differ; the peer read "
-            f"{theirs['records']} of {produced} records and rejected {theirs['invalid']}; "
-            f"kappa processed offsets up to {ours['processed']} in all and dead-lettered "
-            f"{ours['dead_letters']}")
+    ours = checked_replay(settings, service, workdir, topic, version, peer_table, theirs,
+                          produced, profile if "archive" not in sources else None)
+    if ours["archived_offsets"]:
+        raise RuntimeError(f"the replay from Kafka read {ours['archived_offsets']} offsets "
+                           "from the archive: the archive held the topic too early")
+    archived = from_archive(settings, service, workdir, topic, f"{version}a", peer_table,
+                            theirs, produced, ours, raw_all, profile) \
+        if "archive" in sources else None
     wall, replay_s = ours["wall_s"], ours["replay_s"]
     clusters = [cluster_replay(settings, workdir, topic, f"{version}w{w}", w, worker_cores,
                                peer_table, produced, theirs["invalid"]) for w in workers]
@@ -325,6 +303,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
         "dead_letters": ours["dead_letters"],
         "tables_equal": True,  # checked above
         "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
+        **({"from_archive": archived} if archived else {}),
         **({"standalone_cluster": clusters} if clusters else {}),
         **({"profile": ours["profile"]} if "profile" in ours else {}),
     }
@@ -341,41 +320,6 @@ def flat_cost(runs: list[dict[str, Any]]) -> float | None:
     return round(ratio, 4)
 
 
-def show(results: dict[str, Any]) -> None:
-    for run in results["runs"]:
-        print(f"--- {run['events']:,} events")
-        for key, value in run.items():
-            if key == "profile":
-                show_profile(value)
-                continue
-            if key == "standalone_cluster":
-                for c in value:
-                    print(f"  standalone cluster, {c['workers']} worker(s) of "
-                          f"{c['cores_per_worker']} core(s):")
-                    for k, v in c.items():
-                        if k not in ("workers", "cores_per_worker"):
-                            print(f"    {k:40} {v!s:>14}")
-                continue
-            print(f"{key:44} {value:>14,}" if isinstance(value, int) and
-                  not isinstance(value, bool) else f"{key:44} {value!s:>14}")
-    if results["flat_cost_us_per_event_largest_over_smallest"] is not None:
-        print(f"{'flat_cost_us_per_event_largest_over_smallest':44} "
-              f"{results['flat_cost_us_per_event_largest_over_smallest']:>14}")
-
-
-def show_profile(profile: dict[str, Any]) -> None:
-    print(f"  profile, deploy to caught up: {profile['window_s']} s, "
-          f"{profile['cpu_capacity_s']} CPU-s available")
-    for who, seconds in profile["cpu_s_by_role"].items():
-        print(f"    {who:40} {seconds:>8} CPU-s")
-    python = profile["python"]
-    print(f"  Python stacks ({python['samples']:,} samples, {profile['stacks_file']}):")
-    for kind in ("self", "inclusive"):
-        print(f"    by {kind} time:")
-        for fn, share in python[kind]:
-            print(f"      {share:>6.1%}  {fn}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[1_000_000])
@@ -389,9 +333,13 @@ def main() -> int:
     parser.add_argument("--durable", action="store_true",
                         help="the embedded broker keeps its log in its S3 store (`kappa dev up "
                              "--s3`), not in memory")
+    parser.add_argument("--source", nargs="+", choices=["kafka", "archive"], default=["kafka"],
+                        help="kafka: replay from the broker; archive: then archive the topic "
+                             "and replay it from the archive as well, in the same run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path
+    from bench.replay_report import show
     from bench.stack import bench_stack
 
     with bench_stack("replay", durable=args.durable) as (settings, service, workdir, tag):
@@ -399,7 +347,7 @@ def main() -> int:
         largest = max(args.events)
         runs = [measure(settings, service, workdir, f"{tag}_{i}", n,
                         args.workers if n == smallest else [], args.worker_cores,
-                        args.profile if n == largest else None)
+                        args.profile if n == largest else None, tuple(args.source))
                 for i, n in enumerate(args.events)]
     results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:

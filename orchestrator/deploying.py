@@ -74,7 +74,7 @@ class Deploy:
     def read_the_log(self, conn: psycopg.Connection) -> tuple[LogIdentity, Offsets, int]:
         """The log's identity, where the replay starts (below the broker's log start where the
         archive holds what retention took), and the offsets it cannot replay (``--allow-gap``)."""
-        from orchestrator.archive.readable import archived_spans
+        from orchestrator.archive.readable import archived_spans, check_archive_readable
         from orchestrator.kafka.admin import log_identity
         from orchestrator.kafka.offsets import log_bounds
 
@@ -82,6 +82,7 @@ class Deploy:
         # Before the bounds: a topic recreated in between fails the version, never blesses a
         # log it did not read.
         identity = log_identity(self.bootstrap, topics)
+        check_archive_readable(conn, self.svc.settings, identity, topics)
         broker = log_bounds(self.bootstrap, topics)
         log_start, gone = replay_start(
             broker, allow_gap=self.allow_gap,

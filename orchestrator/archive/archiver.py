@@ -61,17 +61,6 @@ def archive_root(settings: Settings) -> str:
     return settings.archive_root or str(settings.state_dir / "archive")
 
 
-def executor_archive_root(settings: Settings) -> str | None:
-    """The archive root a version's read tasks read segments from, or None: Kafka serves every
-    range. A plain local path is only read where Spark runs locally: on a cluster, executors on
-    other hosts would not find its files and fail the batch as if the segments were gone. A URI
-    (``s3://``, or ``file://`` for a path that every host mounts) is read everywhere."""
-    root = archive_root(settings)
-    if "://" in root or settings.spark_master.strip().startswith("local"):
-        return root
-    return None
-
-
 class Archiver:
     def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka,
                  log_clients: LogClients | None = None, watch: LogEndWatch | None = None):

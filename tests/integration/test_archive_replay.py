@@ -79,3 +79,24 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         assert _archived_offsets(settings, "v2") == []  # no batch of it was applied
     finally:
         service.stop_all()
+
+
+def test_a_local_archive_root_with_executors_on_other_hosts_is_refused_at_deploy(
+        settings, topic: str, tmp_path: Path) -> None:
+    """Executors on other hosts cannot read a local archive root: the deploy says so in one
+    line, before anything is registered, rather than replaying from the brokers unseen."""
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_000, seed=233)
+    archived = kappa_cli(settings, "archive", "run", "--once", topic)
+    assert archived.returncode == 0, archived.stderr
+    # A master on a documentation address (RFC 5737): nothing listens there, and the deploy
+    # must not get as far as asking it.
+    on_cluster = replace(settings, spark_master="spark://192.0.2.10:7077")
+    refused = kappa_cli(on_cluster, "deploy", str(job_file(tmp_path, "v1", topic)))
+    assert refused.returncode != 0
+    message = refused.stderr.strip()
+    assert "\n" not in message, message
+    assert topic in message and "archive_root" in message and "s3://" in message, message
+    assert service.status() == [] or all(s.job != JOB for s in service.status())
