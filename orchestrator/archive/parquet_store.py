@@ -36,9 +36,22 @@ SCHEMA = pa.schema([
 _TEMPORARY = ".tmp-"
 
 
+# pyarrow's AWS SDK sends every PUT in aws-chunked encoding with a trailing checksum unless told
+# to add checksums only where S3 requires them. S3-compatible stores that do not decode that
+# encoding (s3rver, older MinIO, several clouds' S3 APIs) keep its framing as the object's
+# bytes: the write succeeds and every read of the segment fails. Each segment carries the
+# manifest's own checksum, so asking for the SDK's only where required loses nothing. A
+# setting of the user's own wins.
+_S3_CHECKSUMS = {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+                 "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}
+
+
 class ParquetStore:
     def __init__(self, root: str):
         self.root = root
+        if root.startswith("s3://"):
+            for name, value in _S3_CHECKSUMS.items():
+                os.environ.setdefault(name, value)
         try:
             self.fs, base = fs.FileSystem.from_uri(root) if "://" in root else (
                 fs.LocalFileSystem(), str(Path(root).absolute()))
