@@ -225,7 +225,12 @@ class KappaCutoverOperator(KappaBaseOperator):
                 "steps": result["steps"], "alias": result["alias"]}
 
     def on_kill(self) -> None:
-        """Killed mid-ramp (a timeout, the run marked failed): undo the unfinished plan now."""
+        """Killed mid-ramp (a timeout, the run marked failed): undo the unfinished plan now.
+        Once: a second SIGTERM lands while the first's rollback waits on the catalog, and a
+        rollback started inside it would wait on the first's own locks for good."""
+        if getattr(self, "_rolling_back", False):
+            return
+        self._rolling_back = True
         try:
             plan = self.service().abort_cutover(
                 self.job, self.version, reason=f"the {self.task_id} task was killed",
