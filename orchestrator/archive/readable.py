@@ -77,6 +77,3 @@ def check_archive_readable(conn: psycopg.Connection, settings: Settings,
             f"path that executors on other hosts (spark_master {settings.spark_master}) cannot "
             "read: set archive_root (KAPPA_ARCHIVE_ROOT) to a URI that every host reads "
             "(s3://..., or file://... on a shared mount), then deploy again")
-
-
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}

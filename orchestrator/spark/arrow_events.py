@@ -111,14 +111,14 @@ class ArrowEventParser:
                 failed.append(start + row)
                 start += row + 1
         if not tables:
-            return pa.table({f.name: pa.array([], f.type) for f in self._read_schema}), failed
+            return self._read_schema.empty_table(), failed
         return pa.concat_tables(tables), failed
 
     def _read_all(self, values: pa.BinaryArray, pinned: bool = True) -> pa.Table:
         """One row per value, or _Unpinned (with the failing value's index where pyarrow names
         one and ``pinned``)."""
         if not len(values):
-            return pa.table({f.name: pa.array([], f.type) for f in self._read_schema})
+            return self._read_schema.empty_table()
         joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()),
                                                          values), b"\n")[0].as_buffer()
         options = pj.ReadOptions(use_threads=False, block_size=max(1 << 20, joined.size + 1))
@@ -154,11 +154,9 @@ class ArrowEventParser:
     def _by_columnar(self, chunk: pa.Table, rows: np.ndarray
                      ) -> tuple[pa.RecordBatch, list[DeadRecord]]:
         """The records at ``rows`` as the Kafka path parses them, with their dead letters."""
-        from orchestrator.archive.parquet_store import from_table
+        from orchestrator.spark.archive_source import as_records
 
-        records = [(o, ts, key, value, headers) for o, ts, _, key, value, headers
-                   in from_table(chunk.take(pa.array(rows)))]
-        parsed = self._columnar.parse(records)
+        parsed = self._columnar.parse(as_records(chunk.take(pa.array(rows))))
         arrays: list[Any] = kafka_arrays(self._topic, self._partition, parsed.offsets,
                                          parsed.timestamps, parsed.keys, parsed.headers)
         arrays += [pa.array(col, self._schema.field(name).type)

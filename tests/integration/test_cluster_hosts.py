@@ -47,7 +47,8 @@ def second_host() -> Iterator[SecondHost]:
     """A network namespace joined to this host by a veth pair of a /30 of its own."""
     debian_tool("ip", "iproute2")
     if os.geteuid() != 0:
-        why = "creating a network namespace needs root"
+        why = ("the second host is a network namespace, and only root may create one: run "
+               "the suite as root, as CI does (there this fails rather than skips)")
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
