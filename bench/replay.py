@@ -1,7 +1,7 @@
 """Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
     .venv/bin/python bench/replay.py [--events N [N ...]] [--source kafka [archive]]
-                                     [--workers W [W ...]] [--json]
+                                     [--workers W [W ...]] [--unpruned] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
 KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample events into a new
@@ -18,6 +18,8 @@ KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample even
 4. with --source kafka archive: `kappa archive run --once` on the topic, then the same replay by
    a second version, which now reads every range from the archive's segments (checked by the
    batch records' archived offsets): the same figures, and the ratios to the replay from Kafka.
+5. with --unpruned: each replay again by a version that reads every source column
+   (prune_columns false), and the pruned replay's speed over it.
 It checks that kappa's output table equals the peer's row for row and that both rejected the
 same number of records (raises if not), prints the rates and ratios, and with several N the
 "flat cost" figure: µs per event at the largest N over µs per event at the smallest (1.0: the
@@ -39,6 +41,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -131,8 +134,6 @@ def cluster_replay(settings: Any, workdir: Path, topic: str, version: str, worke
                    cores: int, peer_table: str, produced: int, invalid: int) -> dict[str, Any]:
     """kappa's replay of ``topic`` on a fresh standalone cluster of ``workers`` workers,
     checked against the peer's table."""
-    from dataclasses import replace
-
     from orchestrator.dev.spark_cluster import standalone_cluster
     from orchestrator.naming import output_table
     from orchestrator.service import Orchestrator
@@ -213,9 +214,24 @@ def checked_replay(settings: Any, service: Any, workdir: Path, topic: str, versi
     return ours
 
 
+def pruning_worth(settings: Any, unpruned: Any | None, workdir: Path, topic: str,
+                  version: str, peer_table: str, theirs: dict[str, Any], produced: int,
+                  pruned: dict[str, Any]) -> dict[str, Any]:
+    """With --unpruned: the same replay by a version that reads every source column
+    (prune_columns false), and the pruned replay's speed over it."""
+    if unpruned is None:
+        return {}
+    plain = checked_replay(settings, unpruned, workdir, topic, version, peer_table, theirs,
+                           produced, None)
+    return {"unpruned_records_per_s_without_start": round(produced / plain["replay_s"]),
+            "pruned_over_unpruned_without_start": round(plain["replay_s"] / pruned["replay_s"],
+                                                         4)}
+
+
 def from_archive(settings: Any, service: Any, workdir: Path, topic: str, version: str,
                  peer_table: str, theirs: dict[str, Any], produced: int, kafka: dict[str, Any],
-                 raw_all: float, profile: Path | None) -> dict[str, Any]:
+                 raw_all: float, profile: Path | None, unpruned: Any | None = None
+                 ) -> dict[str, Any]:
     """The topic archived (`kappa archive run --once`), then replayed from the archive."""
     began = time.perf_counter()
     service.archive([topic], once=True)
@@ -242,13 +258,16 @@ def from_archive(settings: Any, service: Any, workdir: Path, topic: str, version
         "driver_peak_rss_total_mb": ours["memory"]["total_mb"],
         "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
         "tables_equal": True,  # checked_replay raised otherwise
+        **pruning_worth(settings, unpruned, workdir, topic, f"{version}u", peer_table, theirs,
+                        produced, ours),
         **({"profile": ours["profile"]} if "profile" in ours else {}),
     }
 
 
 def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
             workers: list[int], worker_cores: int, profile: Path | None = None,
-            sources: tuple[str, ...] = ("kafka",)) -> dict[str, Any]:
+            sources: tuple[str, ...] = ("kafka",), unpruned: Any | None = None
+            ) -> dict[str, Any]:
     """Every figure for one topic of ``count`` events; ``name`` is unique per run. The replay
     from Kafka runs first, before the archive holds the topic: then Kafka serves every range."""
     from bench import peer
@@ -266,8 +285,10 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
     if ours["archived_offsets"]:
         raise RuntimeError(f"the replay from Kafka read {ours['archived_offsets']} offsets "
                            "from the archive: the archive held the topic too early")
+    pruning = pruning_worth(settings, unpruned, workdir, topic, f"{version}u", peer_table,
+                            theirs, produced, ours)
     archived = from_archive(settings, service, workdir, topic, f"{version}a", peer_table,
-                            theirs, produced, ours, raw_all, profile) \
+                            theirs, produced, ours, raw_all, profile, unpruned) \
         if "archive" in sources else None
     wall, replay_s = ours["wall_s"], ours["replay_s"]
     clusters = [cluster_replay(settings, workdir, topic, f"{version}w{w}", w, worker_cores,
@@ -303,6 +324,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
         "dead_letters": ours["dead_letters"],
         "tables_equal": True,  # checked above
         "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
+        **pruning,
         **({"from_archive": archived} if archived else {}),
         **({"standalone_cluster": clusters} if clusters else {}),
         **({"profile": ours["profile"]} if "profile" in ours else {}),
@@ -336,18 +358,24 @@ def main() -> int:
     parser.add_argument("--source", nargs="+", choices=["kafka", "archive"], default=["kafka"],
                         help="kafka: replay from the broker; archive: then archive the topic "
                              "and replay it from the archive as well, in the same run")
+    parser.add_argument("--unpruned", action="store_true",
+                        help="also replay with prune_columns false, to show what pruning is "
+                             "worth")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path
     from bench.replay_report import show
     from bench.stack import bench_stack
+    from orchestrator.service import Orchestrator
 
     with bench_stack("replay", durable=args.durable) as (settings, service, workdir, tag):
+        unpruned = Orchestrator(replace(settings, prune_columns=False)) if args.unpruned \
+            else None
         smallest = min(args.events)
         largest = max(args.events)
         runs = [measure(settings, service, workdir, f"{tag}_{i}", n,
                         args.workers if n == smallest else [], args.worker_cores,
-                        args.profile if n == largest else None, tuple(args.source))
+                        args.profile if n == largest else None, tuple(args.source), unpruned)
                 for i, n in enumerate(args.events)]
     results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:

@@ -68,6 +68,9 @@ class Settings:
     # of at most this many records, so parallelism is not capped by the partition count.
     max_batch_records: int = 500_000
     chunk_records: int = 125_000
+    # Read tasks build and move only the source columns the job's plan reads (see
+    # spark/pruning.py); false: every column, as before.
+    prune_columns: bool = True
     live_trigger_seconds: float = 1.0
     heartbeat_interval_s: float = 2.0
     # A driver on another host that has not beaten for this long counts as dead.
@@ -173,6 +176,8 @@ def _coerce(name: str, raw: Any) -> Any:
                               "([kappa.kafka] in kappa.toml): fix it")
         return check_extra_properties(raw, "[kappa.kafka]")
     try:
+        if kind in ("bool", bool):
+            return _boolean(name, raw)
         if kind in ("int", int):
             return int(raw)
         if kind in ("int | None", int | None):
@@ -184,6 +189,17 @@ def _coerce(name: str, raw: Any) -> Any:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"setting {name}={raw!r} is not a valid {kind}: fix it") from exc
     return str(raw)
+
+
+def _boolean(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    word = str(raw).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"setting {name}={raw!r} is not true or false: fix it")
 
 
 def load_settings(

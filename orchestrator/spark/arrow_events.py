@@ -19,6 +19,8 @@ tests/unit/test_arrow_events.py holds the two paths to that.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from orchestrator.spark.batch_builder import KAFKA_FIELDS, kafka_arrays, utf8_keys
+from orchestrator.spark.batch_builder import KAFKA_FIELDS, built_or_null, kafka_arrays, utf8_keys
 from orchestrator.spark.columnar import ColumnarParser, DeadRecord
 
 __all__ = ["ArrowEventParser"]
@@ -48,8 +50,12 @@ class _Unpinned(Exception):
 
 
 class ArrowEventParser:
-    def __init__(self, columnar: ColumnarParser, schema: pa.Schema, topic: str, partition: int):
+    def __init__(self, columnar: ColumnarParser, schema: pa.Schema, topic: str, partition: int,
+                 wanted: frozenset[str] | None = None):
         self._columnar = columnar
+        # The columns built, the others null (None: all); the offsets always, for they order
+        # the merge with the records parsed one by one.
+        self._wanted = None if wanted is None else wanted | {"kafka_offset"}
         self._schema = schema  # the batches' schema: KAFKA_FIELDS, then the declared fields
         self._fields = schema.names[len(KAFKA_FIELDS):]
         self._topic, self._partition = topic, partition
@@ -146,9 +152,12 @@ class ArrowEventParser:
 
     def _batch(self, records: pa.Table, fields: pa.Table) -> pa.RecordBatch:
         """The rows of ``records`` with their parsed ``fields``, in the batches' schema."""
-        arrays = _archived_kafka_arrays(self._topic, self._partition, records)
-        arrays += [fields.column(i).combine_chunks().cast(self._schema.field(name).type)
-                   for i, name in enumerate(self._fields)]
+        arrays = _archived_kafka_arrays(self._topic, self._partition, records, self._wanted)
+        n = records.num_rows
+        for i, name in enumerate(self._fields):
+            kind = self._schema.field(name).type
+            arrays.append(built_or_null(name, self._wanted, n, kind,
+                                        partial(_combined, fields.column(i), kind)))
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
     def _by_columnar(self, chunk: pa.Table, rows: np.ndarray
@@ -158,30 +167,44 @@ class ArrowEventParser:
 
         parsed = self._columnar.parse(as_records(chunk.take(pa.array(rows))))
         arrays: list[Any] = kafka_arrays(self._topic, self._partition, parsed.offsets,
-                                         parsed.timestamps, parsed.keys, parsed.headers)
-        arrays += [pa.array(col, self._schema.field(name).type)
-                   for col, name in zip(parsed.fields, self._fields, strict=True)]
+                                         parsed.timestamps, parsed.keys, parsed.headers,
+                                         self._wanted)
+        n = len(parsed.offsets)
+        for values, name in zip(parsed.fields, self._fields, strict=True):
+            kind = self._schema.field(name).type
+            arrays.append(built_or_null(name, self._wanted, n, kind,
+                                        partial(pa.array, values, kind)))
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema), parsed.dead
 
 
-def _archived_kafka_arrays(topic: str, partition: int, records: pa.Table) -> list[pa.Array]:
+def _archived_kafka_arrays(topic: str, partition: int, records: pa.Table,
+                           wanted: frozenset[str] | None) -> list[pa.Array]:
     """The Kafka metadata columns of archived records, as ``kafka_arrays`` builds them."""
     n = records.num_rows
-    keys = records.column("key").combine_chunks()
-    try:
-        key_strings = keys.cast(pa.string())
-    except pa.ArrowInvalid:  # a key that is not UTF-8: replacement characters, as from Kafka
-        key_strings = utf8_keys(keys.to_pylist())
-    return [
-        pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([topic]))
-        .cast(pa.string()),
-        pa.array(np.full(n, partition, np.int32)),
-        records.column("offset").combine_chunks(),
-        records.column("timestamp_ms").combine_chunks().cast(pa.timestamp("ms", tz="UTC"))
-        .cast(pa.timestamp("us", tz="UTC")),
+
+    def key_strings() -> pa.Array:
+        keys = records.column("key").combine_chunks()
+        try:
+            return keys.cast(pa.string())
+        except pa.ArrowInvalid:  # a key that is not UTF-8: replacement characters, as from Kafka
+            return utf8_keys(keys.to_pylist())
+
+    builds: tuple[Callable[[], pa.Array], ...] = (
+        lambda: pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                               pa.array([topic])).cast(pa.string()),
+        lambda: pa.array(np.full(n, partition, np.int32)),
+        lambda: records.column("offset").combine_chunks(),
+        lambda: records.column("timestamp_ms").combine_chunks()
+        .cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
         key_strings,
-        _headers(records.column("headers").combine_chunks()),
-    ]
+        lambda: _headers(records.column("headers").combine_chunks()),
+    )
+    return [built_or_null(field.name, wanted, n, field.type, build)
+            for field, build in zip(KAFKA_FIELDS, builds, strict=True)]
+
+
+def _combined(column: pa.ChunkedArray, kind: pa.DataType) -> pa.Array:
+    return column.combine_chunks().cast(kind)
 
 
 def _headers(headers: pa.ListArray) -> pa.Array:

@@ -3,6 +3,8 @@ valid records, and the dead letters read beside them (on the executors)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -23,10 +25,12 @@ class BatchBuilder:
     """Column lists for one Arrow batch of valid rows, and the dead letters read beside them."""
 
     def __init__(self, schema: pa.Schema, topic: str, partition: int, n_fields: int, *,
-                 pass_tombstones: bool, version_id: int, catalog_schema: str):
+                 pass_tombstones: bool, version_id: int, catalog_schema: str,
+                 wanted: frozenset[str] | None = None):
         self.schema, self.topic, self.partition, self.n_fields = schema, topic, partition, n_fields
         self.pass_tombstones = pass_tombstones
         self.version_id, self.catalog_schema = version_id, catalog_schema
+        self.wanted = wanted  # the columns built; the others are null (None: all)
         self.dead: list[tuple[Any, ...]] = []
         self._reset()
 
@@ -83,9 +87,12 @@ class BatchBuilder:
 
     def flush(self) -> pa.RecordBatch:
         arrays = kafka_arrays(self.topic, self.partition, self.offsets, self.timestamps,
-                               self.keys, self.headers)
-        arrays += [pa.array(col, self.schema.field(len(KAFKA_FIELDS) + i).type)
-                   for i, col in enumerate(self.fields)]
+                              self.keys, self.headers, self.wanted)
+        n = len(self.offsets)
+        for name, values in zip(self.schema.names[len(KAFKA_FIELDS):], self.fields, strict=True):
+            kind = self.schema.field(name).type
+            arrays.append(built_or_null(name, self.wanted, n, kind,
+                                        partial(pa.array, values, kind)))
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._reset()
         return batch
@@ -105,18 +112,32 @@ def utf8_keys(keys: list[bytes | None]) -> pa.Array:
 _Headers = list[tuple[str, bytes | None]]
 
 
+def built_or_null(name: str, wanted: frozenset[str] | None, n: int, kind: pa.DataType,
+           build: Callable[[], pa.Array]) -> pa.Array:
+    """``build()`` if the column is wanted, else n nulls of its type (never read: see
+    pruning.py)."""
+    return build() if wanted is None or name in wanted else pa.nulls(n, kind)
+
+
 def kafka_arrays(topic: str, partition: int, offsets: list[int], timestamps: list[int],
-                  keys: list[bytes | None], headers: list[_Headers | None]) -> list[pa.Array]:
-    """The Kafka metadata columns of one batch, in KAFKA_FIELDS order."""
+                 keys: list[bytes | None], headers: list[_Headers | None],
+                 wanted: frozenset[str] | None = None) -> list[pa.Array]:
+    """The Kafka metadata columns of one batch, in KAFKA_FIELDS order (null where not
+    ``wanted``)."""
     n = len(offsets)
-    if headers.count(None) != n:  # most records carry no headers: then there is nothing to do
-        headers = [h or None for h in headers]  # an empty list is no headers too: null
-    return [
-        pa.array([topic] * n, pa.string()),
-        pa.array([partition] * n, pa.int32()),
-        pa.array(offsets, pa.int64()),
-        pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+
+    def header_lists() -> pa.Array:
+        lists = headers if headers.count(None) == n else [h or None for h in headers]
+        return pa.array(lists, pa.list_(_HEADER))  # pyarrow reads each (name, value) as a struct
+
+    builds: tuple[Callable[[], pa.Array], ...] = (
+        lambda: pa.array([topic] * n, pa.string()),
+        lambda: pa.array([partition] * n, pa.int32()),
+        lambda: pa.array(offsets, pa.int64()),
+        lambda: pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
         .cast(pa.timestamp("us", tz="UTC")),
-        utf8_keys(keys),
-        pa.array(headers, pa.list_(_HEADER)),  # pyarrow reads each (name, value) as a struct
-    ]
+        lambda: utf8_keys(keys),
+        header_lists,  # none, or an empty list: null, as from Kafka
+    )
+    return [built_or_null(field.name, wanted, n, field.type, build)
+            for field, build in zip(KAFKA_FIELDS, builds, strict=True)]

@@ -17,6 +17,7 @@ from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings
 from orchestrator.spark.batch_commit import BatchCommit
 from orchestrator.spark.failures import spark_reason
+from orchestrator.spark.pruning import QUARANTINE_COLUMNS, plan_with_pruning
 from orchestrator.spark.shape import JobError, shape_output
 from orchestrator.spark.source import SOURCE_NAME, source_options
 
@@ -75,12 +76,15 @@ class JobQuery:
         per_topic = {}
         for source in spec.inputs:
             fields = [name for name, _ in parse_ddl(source.schema).fields]
+            # Only the columns the source declares: see pruning.py.
             per_topic[source.topic] = df.where(F.col("kafka_topic") == source.topic).select(
-                *KAFKA_COLUMNS, *fields)
+                *(c for c in (*KAFKA_COLUMNS, *fields) if c in df.columns))
         return shape_output(self.transform(per_topic), spec)
 
-    def _streams(self, spark: Any, *, live: bool) -> dict[str, Any]:
-        """One streaming DataFrame per topic, each from its own source."""
+    def _streams(self, spark: Any, *, live: bool,
+                 columns: dict[str, tuple[str, ...] | None]) -> dict[str, Any]:
+        """One streaming DataFrame per topic, each from its own source, declaring ``columns``
+        of its topic (all where none are given)."""
         s, v = self.settings, self.version
         root = executor_archive_root(s)
         if root is None:
@@ -97,17 +101,35 @@ class JobQuery:
                 max_batch_records=s.max_batch_records, version_id=v.id,
                 catalog_schema=s.catalog_schema, job=v.job, version=v.version,
                 cores=self.cores, log_identity=v.log_identity,
-                archive_root=root)
+                archive_root=root, columns=columns.get(source.topic))
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 
     def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
         """The streaming DataFrame the sink receives, and Spark's output mode."""
         spec = self.version.spec
-        streams = self._streams(spark, live=live)
+        fields = {source.topic: parse_ddl(source.schema).names for source in spec.inputs}
         if spec.mode == "batch":
             # The transform runs per batch, in the sink: the query only reads.
-            return union(list(streams.values())), "append"
+            def read(columns: dict[str, tuple[str, ...] | None]) -> tuple[Any, Any]:
+                events = union(list(self._streams(spark, live=live, columns=columns).values()))
+                return events, self._planned(lambda: self.batch_transform(events))
+
+            if not self.settings.prune_columns:
+                return read({})[0], "append"
+            return plan_with_pruning(spark, read, fields, QUARANTINE_COLUMNS), "append"
+
+        def output(columns: dict[str, tuple[str, ...] | None]) -> tuple[Any, Any]:
+            shaped = shape_output(self._output(self._streams(spark, live=live, columns=columns)),
+                                  spec)
+            return shaped, shaped
+
+        shaped = output({}) if not self.settings.prune_columns else \
+            plan_with_pruning(spark, output, fields)
+        return shaped, ("update" if spec.output_mode == "upsert" else "append")
+
+    def _output(self, streams: dict[str, Any]) -> Any:
+        spec = self.version.spec
         events: Any = streams if spec.per_topic else union(list(streams.values()))
         try:
             output = self.transform(events)
@@ -120,8 +142,16 @@ class JobQuery:
                            f"{type(output).__name__} that is not a streaming DataFrame, but "
                            "MODE is \"stream\": build the result from the streaming events it "
                            "gets (no spark.read, collect() or toPandas()), or drop MODE")
-        return shape_output(output, spec), ("update" if spec.output_mode == "upsert"
-                                            else "append")
+        return output
+
+    @staticmethod
+    def _planned(plan: Callable[[], Any]) -> Any:
+        """The DataFrame ``plan`` returns, or None if it cannot be planned on the stream (a
+        batch transform that runs an action, say): then no column is pruned."""
+        try:
+            return plan()
+        except Exception:
+            return None
 
 
 def unchanged(df: Any) -> Any:

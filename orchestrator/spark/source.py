@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -39,14 +39,18 @@ from orchestrator.lag import (
 from orchestrator.log_identity import LogIdentity, log_gone_reason, replaced
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
-from orchestrator.schema import parse_ddl
+from orchestrator.schema import Struct, parse_ddl
 from orchestrator.spark.arrow import arrow_fields
 from orchestrator.spark.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
 
 SOURCE_NAME = "kappa_kafka"
-KAFKA_DDL = ("`kafka_topic` string, `kafka_partition` int, `kafka_offset` bigint, "
-             "`kafka_timestamp` timestamp, `kafka_key` string, "
-             "`kafka_headers` array<struct<key:string,value:binary>>")
+_KAFKA_COLUMN_DDL = {
+    "kafka_topic": "`kafka_topic` string", "kafka_partition": "`kafka_partition` int",
+    "kafka_offset": "`kafka_offset` bigint", "kafka_timestamp": "`kafka_timestamp` timestamp",
+    "kafka_key": "`kafka_key` string",
+    "kafka_headers": "`kafka_headers` array<struct<key:string,value:binary>>",
+}
+KAFKA_DDL = ", ".join(_KAFKA_COLUMN_DDL.values())
 FIRST_BATCH_RECORDS = 10_000
 _ARCHIVE_RECHECK_S = 10.0
 
@@ -56,7 +60,8 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    max_batch_records: int, version_id: int, catalog_schema: str,
                    job: str, version: str, cores: int = 1,
                    log_identity: LogIdentity | None = None,
-                   archive_root: str | None = None) -> dict[str, str]:
+                   archive_root: str | None = None,
+                   columns: tuple[str, ...] | None = None) -> dict[str, str]:
     read = None if log_identity is None else LogIdentity(
         log_identity.cluster_id, {source.topic: log_identity.topics.get(source.topic)})
     return {
@@ -74,7 +79,14 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         "log_identity": json.dumps(read.to_json() if read else None),
         # Offsets below the archive's end are read from its segments there (none: Kafka only).
         "archive_root": archive_root or "",
+        # The columns the job reads (pruning.py), in the source's order; none: every column.
+        "columns": json.dumps(columns),
     }
+
+
+def declared_columns(options: Mapping[str, str]) -> tuple[str, ...] | None:
+    columns = json.loads(options.get("columns") or "null")
+    return None if columns is None else tuple(columns)
 
 
 class KafkaRange(InputPartition):
@@ -95,7 +107,13 @@ class KafkaLogSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return f"{KAFKA_DDL}, {self.options['schema']}"
+        columns = declared_columns(self.options)
+        if columns is None:
+            return f"{KAFKA_DDL}, {self.options['schema']}"
+        event = parse_ddl(self.options["schema"])
+        kept = Struct(tuple((name, t) for name, t in event.fields if name in columns))
+        return ", ".join([*(ddl for name, ddl in _KAFKA_COLUMN_DDL.items() if name in columns),
+                          *([kept.ddl()] if kept.fields else [])])
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaStreamReader(dict(self.options))
@@ -248,6 +266,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, KafkaRange)
         fail_point("source.read")
         schema = parse_ddl(self.options["schema"])
+        columns = declared_columns(self.options)
+        wanted = None if columns is None else frozenset(columns)
         non_negative = json.loads(self.options["non_negative"])
         pass_tombstones = self.options["tombstones"] == "pass"
         parser = EventParser(schema, non_negative)
@@ -256,8 +276,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             partition.partition, len(parser.fields),
             pass_tombstones=pass_tombstones,
             version_id=int(self.options["version_id"]),
-            catalog_schema=self.options["catalog_schema"],
+            catalog_schema=self.options["catalog_schema"], wanted=wanted,
         )
+        # Batches are built in the full schema (offsets order the archive's merges) with the
+        # columns the job does not read left null, and leave with only those it reads.
+        out = (lambda batch: batch) if columns is None else \
+            (lambda batch: batch.select(list(columns)))
         # Flat schemas are checked a chunk at a time; any other keeps the per-record loop.
         columnar = ColumnarParser.for_schema(schema, parser, non_negative, pass_tombstones)
         parse = parser.parse
@@ -275,7 +299,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 chunks = map(as_records, archived)
             else:  # Arrow to Arrow: no Python object per record
                 arrow = ArrowEventParser(columnar, builder.schema, partition.topic,
-                                         partition.partition)
+                                         partition.partition, wanted)
                 for table in archived:
                     found += table.num_rows
                     batch, dead = arrow.parse(table)
@@ -283,7 +307,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if len(builder.dead) >= ROWS_PER_ARROW_BATCH:
                         builder.flush_dead_letters()
                     if batch.num_rows:
-                        yield batch
+                        yield out(batch)
         if cut < partition.end:
             chunks = itertools.chain(chunks, read_range(
                 self.kafka, partition.topic, partition.partition, cut, partition.end,
@@ -299,13 +323,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if len(builder.dead) >= ROWS_PER_ARROW_BATCH:
                 builder.flush_dead_letters()
             if builder.size >= ROWS_PER_ARROW_BATCH:
-                yield builder.flush()
+                yield out(builder.flush())
         builder.flush_dead_letters()
         stage_read(self.options["catalog_schema"], int(self.options["version_id"]),
                    partition.topic, partition.partition, partition.start, partition.end, found,
                    archived_offsets=cut - partition.start)
         if builder.size:
-            yield builder.flush()
+            yield out(builder.flush())
 
 
 def _offsets(bounds: dict[tuple[str, int], tuple[int, int]], side: int

@@ -37,11 +37,13 @@ def _parsers(ddl: str, non_negative: list[str], pass_tombstones: bool
 
 
 def _kafka_path(records: list[ArchivedRecord], ddl: str, non_negative: list[str],
-                pass_tombstones: bool) -> tuple[pa.Table, list[tuple[Any, ...]]]:
+                pass_tombstones: bool, wanted: frozenset[str] | None = None
+                ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
     """What the source's read task makes of records read from Kafka."""
     columnar, schema = _parsers(ddl, non_negative, pass_tombstones)
     builder = BatchBuilder(schema, "t", 3, len(schema) - len(KAFKA_FIELDS),
-                           pass_tombstones=pass_tombstones, version_id=1, catalog_schema="c")
+                           pass_tombstones=pass_tombstones, version_id=1, catalog_schema="c",
+                           wanted=wanted)
     batches = []
     for at in range(0, len(records), 10_000):
         chunk = [(o, ts, k, v, h) for o, ts, _, k, v, h in records[at:at + 10_000]]
@@ -52,9 +54,10 @@ def _kafka_path(records: list[ArchivedRecord], ddl: str, non_negative: list[str]
 
 
 def _archive_path(records: list[ArchivedRecord], ddl: str, non_negative: list[str],
-                  pass_tombstones: bool) -> tuple[pa.Table, list[tuple[Any, ...]]]:
+                  pass_tombstones: bool, wanted: frozenset[str] | None = None
+                  ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
     columnar, schema = _parsers(ddl, non_negative, pass_tombstones)
-    batch, dead = ArrowEventParser(columnar, schema, "t", 3).parse(to_table(records))
+    batch, dead = ArrowEventParser(columnar, schema, "t", 3, wanted).parse(to_table(records))
     return pa.Table.from_batches([batch], schema=schema), list(dead)
 
 
@@ -169,6 +172,26 @@ def _values(draw: st.DrawFn) -> bytes | None:
 def test_property_the_archive_and_kafka_paths_agree(values: list[bytes | None],
                                                    pass_tombstones: bool) -> None:
     _same(_records(values), pass_tombstones=pass_tombstones)
+
+
+_COLUMNS = [f.name for f in KAFKA_FIELDS] + ["user_id", "url", "ts", "duration_ms"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_values(), max_size=6), st.sets(st.sampled_from(_COLUMNS)))
+def test_property_columns_not_wanted_are_null_and_the_others_unchanged(
+        values: list[bytes | None], wanted: set[str]) -> None:
+    records = _records(values, headers=[[("h", b"v")] if i % 2 else None
+                                        for i in range(len(values))])
+    for path in (_kafka_path, _archive_path):
+        full, full_dead = path(records, PAGE_VIEWS, ["duration_ms"], False)
+        pruned, dead = path(records, PAGE_VIEWS, ["duration_ms"], False, frozenset(wanted))
+        assert dead == full_dead and pruned.schema == full.schema
+        for name in _COLUMNS:
+            if name in wanted:
+                assert pruned.column(name).to_pylist() == full.column(name).to_pylist()
+            elif path is _kafka_path or name != "kafka_offset":  # see ArrowEventParser
+                assert pruned.column(name).null_count == pruned.num_rows
 
 
 @settings(max_examples=200, deadline=None)

@@ -61,3 +61,13 @@ def test_settings_round_trip_through_driver_environment(tmp_path: Path) -> None:
     s = Settings(state_dir=tmp_path, pg_dsn="postgresql:///x", kafka_bootstrap="b:1",
                  chunk_records=11, live_trigger_seconds=0.5)
     assert load_settings(env=s.driver_environment(), cwd=Path("/")) == s
+
+
+def test_a_switch_reads_true_or_false_and_round_trips(tmp_path: Path) -> None:
+    assert load_settings(env={"KAPPA_PRUNE_COLUMNS": "false"}, cwd=tmp_path).prune_columns is False
+    (tmp_path / "kappa.toml").write_text("[kappa]\nprune_columns = true\n")
+    assert load_settings(env={}, cwd=tmp_path).prune_columns is True
+    with pytest.raises(ConfigError, match="prune_columns='maybe' is not true or false"):
+        load_settings(env={"KAPPA_PRUNE_COLUMNS": "maybe"}, cwd=tmp_path)
+    s = Settings(state_dir=tmp_path, prune_columns=False)
+    assert load_settings(env=s.driver_environment(), cwd=Path("/")) == s
