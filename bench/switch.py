@@ -1,6 +1,6 @@
 """Switch benchmark: readers hammer an alias while it is switched back and forth.
 
-    .venv/bin/python bench/switch.py [--switches 50] [--readers 32] [--json]
+    .venv/bin/python bench/switch.py [--switches 50] [--readers 32] [--reader-cost] [--json]
 
 Sets up its own embedded stack (or uses KAPPA_PG_DSN / KAPPA_KAFKA_BOOTSTRAP), deploys
 pageview_counts v1 and v2 on a fresh topic and lets them catch up (nothing more is produced, so
@@ -9,7 +9,9 @@ connections, in 4 processes of their own, query the alias continuously (a quarte
 their transactions open for 1-3 s), and a lag sample is taken every second as `kappa agent`
 does, while SWITCHES A/B steps, promotes and rollbacks run.
 Prints switch latency (p50, p99, max) and the longest reader statement against the median one.
-The integration test runs the same scenario with assertions.
+The integration test runs the same scenario with assertions. With --reader-cost, it also runs
+bench/alias_cost.py's measurement in the same stack: what a reader's statement pays through the
+alias, at 0 %, 10 % and 100 %.
 """
 
 from __future__ import annotations
@@ -234,11 +236,13 @@ def main() -> int:
 
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))  # run as a script: bench/ is not a package on the path
+    from bench import alias_cost
     from bench.stack import bench_stack
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--switches", type=int, default=50)
     parser.add_argument("--readers", type=int, default=32)
+    parser.add_argument("--reader-cost", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with bench_stack("switch", serving=True) as (settings, service, workdir, tag):
@@ -253,9 +257,17 @@ def main() -> int:
         prepare(service, "pageview_counts")
         outcome = run_scenario(service, settings, "pageview_counts", switches=args.switches,
                                readers=args.readers)
+        for version in ("v1", "v2"):
+            service.stop("pageview_counts", version)  # the CPU to the next measurement
+        cost = alias_cost.reader_cost(service, settings, workdir, tag, records=300_000,
+                                      users=150_000, runs=15) if args.reader_cost else None
     result = outcome.summary()
-    print(json.dumps(result, indent=2) if args.json else
-          "\n".join(f"{k:32} {v}" for k, v in result.items()))
+    if args.json:
+        print(json.dumps({**result, **({"reader_cost": cost} if cost else {})}, indent=2))
+        return 0
+    print("\n".join(f"{k:32} {v}" for k, v in result.items()))
+    if cost:
+        alias_cost.show(cost)
     return 0
 
 

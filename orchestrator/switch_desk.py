@@ -61,14 +61,11 @@ class SwitchDesk:
                  ) -> dict[str, Any]:
         """Back to what the alias served before; refused when that version is stopped or
         failed, unless ``force`` (with a ``reason``, recorded)."""
-        from orchestrator.plan.cutover import abandon
-
         with self.switching() as board:
-            switched = board.rollback(job, alias, reason=reason, force=force)
-            # A cutover still ramping this alias must not carry on over the rollback.
-            abandon(board.conn, self.settings.catalog_schema,
-                    validate_name(alias or job, "alias"), reason or "rolled back")
-            return switched
+            # A cutover still ramping this alias must not carry on over the rollback: its plan
+            # stops in the rollback's own statement.
+            return board.rollback(job, alias, reason=reason, force=force,
+                                  abandon=reason or "rolled back")
 
     def aliases(self) -> list[AliasState]:
         with self.catalog.connection() as conn:

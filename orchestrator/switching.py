@@ -8,7 +8,6 @@ versions the alias view already has a branch for needs no DDL, so readers are ne
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from psycopg import sql
 
 from orchestrator.aliases import columns, views
 from orchestrator.aliases.diff import DiffReport, compare
-from orchestrator.catalog import aliases, events, lag_history, runs, versions
+from orchestrator.catalog import aliases, events, runs, versions
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError, StateError
 from orchestrator.models import DeployedVersion
@@ -28,7 +27,6 @@ from orchestrator.settings import Settings
 from orchestrator.spark import launcher
 from orchestrator.spark.checkpoint import is_local, remove_local
 from orchestrator.states import RunState
-from orchestrator.switch_gates import rollback_problem, state_problems, validation_problems
 
 log = logging.getLogger("kappa.switching")
 
@@ -50,155 +48,45 @@ class SwitchLag:
 class Switchboard:
     def __init__(self, settings: Settings, conn: psycopg.Connection, measure_now: MeasureNow):
         self.s, self.conn, self.measure_now = settings, conn, measure_now
-        self._gated: dict[str, SwitchLag] = {}
         self.breaking = False  # the A/B switch under way may remove columns
 
-    def lags_of(self, job: str, names: set[str], *, ask_broker: bool = True
-                ) -> dict[str, SwitchLag]:
-        """From the agent's (or `kappa lag`'s) latest samples when fresh and of the current run,
-        read in one statement, so that a switch costs no broker round trip; else from the
-        broker, when allowed."""
-        wanted = sorted(names)
-        samples = lag_history.fresh_samples(
-            self.conn, self.s.catalog_schema, job, wanted,
-            active=[state.value for state in RunState if state.is_active],
-            max_age_s=self.s.lag_sample_max_age_s)
-        now = time.time()
-        lags = {}
-        for name in wanted:
-            sample = samples.get(name)
-            if sample is not None:
-                lags[name] = SwitchLag(sample.lag_records, "sample",
-                                       round(max(0.0, now - sample.at), 1))
-                continue
-            deployed = versions.find(self.conn, self.s.catalog_schema, job, name) \
-                if ask_broker else None
-            lags[name] = SwitchLag(self.measure_now(deployed), "broker") if deployed \
-                else SwitchLag(None, "none")
-        return lags
-
-    # Switching -----------------------------------------------------------------------------
+    # Switching: two round trips each (switch_flow.py) --------------------------------------
     def promote(self, job: str, version: str, alias: str | None, *, force: bool,
                 reason: str | None) -> dict[str, Any]:
-        self._gated.clear()
-        target = self._version(job, version)
-        problems = self._not_ready(target, alias)
-        refuse = f"refusing to promote {job} {version}"
-        if problems and not force:
-            raise StateError(f"{refuse}: {'; '.join(problems)}; or override with --force "
-                             "--reason TEXT")
-        return self._switch(job, alias, "promote", target, lambda r: r.promote(version),
-                            reason=reason, forced=bool(problems and force),
-                            recheck=self._recheck(target, refuse, force=force))
+        return self._switch(job, alias, "promote", version, lambda r: r.promote(version),
+                            refuse=f"refusing to promote {job} {version}", force=force,
+                            reason=reason)
 
     def ab(self, job: str, version: str, percent: int, alias: str | None, *,
            reason: str | None, breaking: bool = False) -> dict[str, Any]:
         """``breaking``: split even when the candidate removes columns (columns.py)."""
-        self._gated.clear()
         self.breaking = breaking
-        target = self._version(job, version)
-        problems = self._not_ready(target, alias)
-        refuse = f"refusing to serve {percent} % from {job} {version}"
-        if problems:
-            raise StateError(f"{refuse}: {'; '.join(problems)}")
-        return self._switch(job, alias, "ab", target, lambda r: r.ab(version, percent),
-                            reason=reason, forced=False,
-                            recheck=self._recheck(target, refuse, force=False))
+        return self._switch(job, alias, "ab", version, lambda r: r.ab(version, percent),
+                            refuse=f"refusing to serve {percent} % from {job} {version}",
+                            force=False, reason=reason)
 
     def rollback(self, job: str, alias: str | None, *, reason: str | None,
-                 force: bool = False) -> dict[str, Any]:
-        self._gated.clear()
-        name = validate_name(alias or job, "alias")
-        current = aliases.find(self.conn, self.s.catalog_schema, name)
-        problem = None if current is None else rollback_problem(  # else _switch says why
-            self.conn, self.s, job, Routing(name, current["primary"], current["candidate"],
-                                            current["percent"] or 0, current["rollback_to"]))
-        if problem and not force:
-            raise StateError(f"refusing to roll back: {problem}; or override with --force "
-                             "--reason TEXT")
+                 force: bool = False, abandon: str | None = None) -> dict[str, Any]:
+        """``abandon``: the reason recorded on the alias's running cutover plan, which stops."""
+        return self._switch(job, alias, "rollback", None, lambda r: r.rollback(),
+                            refuse="refusing to roll back", force=force, reason=reason,
+                            abandon=abandon)
 
-        def recheck(locked: Routing) -> tuple[list[str], bool]:
-            again = rollback_problem(self.conn, self.s, job, locked)
-            if again and not force:
-                raise StateError(f"refusing to roll back: {again}; or override with --force "
-                                 "--reason TEXT")
-            return [again] if again else [], bool(again)
+    def _switch(self, job: str, alias: str | None, action: str, target: str | None,
+                change: Callable[[Routing], Routing], *, refuse: str, force: bool,
+                reason: str | None, abandon: str | None = None) -> dict[str, Any]:
+        from orchestrator.switch_flow import SwitchRequest, run_switch
 
-        return self._switch(job, alias, "rollback", None, lambda r: r.rollback(), reason=reason,
-                            forced=bool(problem and force), recheck=recheck)
+        job = validate_name(job, "job name")
+        request = SwitchRequest(
+            job=job, alias=validate_name(alias or job, "alias"), action=action,
+            target=validate_name(target, "version") if target is not None else None,
+            change=change, refuse=refuse, force=force, reason=reason, abandon=abandon)
+        return run_switch(self, request)
 
-    def _recheck(self, target: DeployedVersion, refuse: str, *, force: bool
-                 ) -> Callable[[Routing], tuple[list[str], bool]]:
-        """The gates again, under the alias's lock: the state recorded now, and a validation
-        against what the locked alias serves (another switch may have changed it since)."""
-        def recheck(locked: Routing) -> tuple[list[str], bool]:
-            problems = state_problems(self.conn, self.s, target) + validation_problems(
-                self.conn, self.s, target, locked.primary)
-            if problems and not force:
-                raise StateError(f"{refuse}: {'; '.join(problems)}"
-                                 + ("; or override with --force --reason TEXT"
-                                    if refuse.startswith("refusing to promote") else ""))
-            return problems, bool(problems)
-
-        return recheck
-
-    def _switch(self, job: str, alias: str | None, action: str,
-                target: DeployedVersion | None, change: Any, *, reason: str | None,
-                forced: bool, recheck: Callable[[Routing], tuple[list[str], bool]]
-                ) -> dict[str, Any]:
-        from orchestrator.catalog.events import actor
-
-        name = validate_name(alias or job, "alias")
-        if forced and not reason:
-            raise StateError("--force needs --reason TEXT, which is recorded in the history")
-        schema = self.s.catalog_schema
-        # Lags need the broker: measure them before the routing row is locked, so that a switch
-        # holds its lock for milliseconds.
-        current = aliases.find(self.conn, schema, name)
-        involved = {v for v in (current["primary"], current["candidate"],
-                                current["rollback_to"]) if v} if current else set()
-        if target is not None:
-            involved.add(target.version)
-        # A promote or A/B step was gated on its target's lag just before: reuse that figure.
-        lag = dict(self._gated)
-        lag.update(self.lags_of(job, involved - set(lag), ask_broker=action != "rollback"))
-        with self.conn.transaction():
-            locked = aliases.lock(self.conn, schema, name)
-            if locked is None:
-                if action != "promote":
-                    raise StateError(f"alias {name} does not exist yet: `kappa promote {job} "
-                                     "VERSION` creates it")
-                aliases.create(self.conn, schema, name, job, self.s.serving_schema)
-                locked = aliases.lock(self.conn, schema, name)
-            assert locked is not None
-            before, view_versions = locked
-            _, overridden = recheck(before)
-            if overridden and not forced:
-                forced = True
-                if not reason:
-                    raise StateError("--force needs --reason TEXT, which is recorded in the "
-                                     "history")
-            after: Routing = change(before)
-            new_view = self._prepare_view(job, name, before, after, view_versions)
-            aliases.save(self.conn, schema, after, new_view)
-            # Another switch changed the alias meanwhile: no broker round trip under the lock.
-            others = (before.serves() | after.serves()) - set(lag)
-            if others:
-                lag.update(self.lags_of(job, others, ask_broker=False))
-            aliases.record_switch(self.conn, schema, alias=name, job=job, actor=actor(),
-                                  action=action, before=before, after=after, reason=reason,
-                                  forced=forced, lag={v: x.records for v, x in lag.items()})
-            events.record(self.conn, schema, f"alias_{action}", job=job,
-                          version=target.version if target else after.primary, alias=name,
-                          primary=after.primary, candidate=after.candidate,
-                          percent=after.percent, reason=reason, forced=forced,
-                          lag_from={v: x.source for v, x in lag.items()})
-        return {"alias": f"{self.s.serving_schema}.{name}", "primary": after.primary,
-                "candidate": after.candidate, "percent": after.percent,
-                "rollback_to": after.rollback_to, "view_redefined": new_view is not None}
-
-    def _prepare_view(self, job: str, alias: str, before: Routing, after: Routing,
-                      view_versions: list[str]) -> list[str] | None:
+    def prepare_view(self, job: str, alias: str, before: Routing, after: Routing,
+                     view_versions: list[str],
+                     live: dict[str, DeployedVersion] | None = None) -> list[str] | None:
         """Check a split that begins, and make sure the view has a branch for every version
         the routing serves; return the view's new version list when it had to be
         (re)defined, else None (no DDL)."""
@@ -207,7 +95,8 @@ class Switchboard:
         in_view = after.serves() <= set(view_versions)
         if in_view and not begins and not leaves:
             return None
-        deployed = {v.version: v for v in self._live_versions(job)}
+        deployed = live if live is not None else \
+            {v.version: v for v in self._live_versions(job)}
         primary = deployed.get(after.primary) if after.primary else None
         candidate = deployed.get(after.candidate) if after.candidate else None
         if in_view and not begins:
@@ -360,30 +249,6 @@ class Switchboard:
 
     def _run_state(self, v: DeployedVersion) -> RunState:
         return runs.get(self.conn, self.s.catalog_schema, v.id).state
-
-    def _not_ready(self, v: DeployedVersion, alias: str | None) -> list[str]:
-        """Why ``v`` may not be served now: its state, its *measured* lag, and a validation that
-        is current (see switch_gates); checked again under the alias's lock."""
-        problems = state_problems(self.conn, self.s, v)
-        if not problems:
-            job = v.job
-            measured = self.lags_of(job, {v.version})[v.version]
-            if measured.source == "sample" and (measured.records or 0) > self.s.max_lag_records:
-                # A sample may admit a version; only a measurement now may refuse it (it may
-                # have caught up since the sample).
-                measured = SwitchLag(self.measure_now(v), "broker")
-            self._gated[v.version] = measured
-            lag = measured.records
-            if lag is None:
-                problems.append("its lag cannot be measured against the log now")
-            elif lag > self.s.max_lag_records:
-                problems.append(f"it is {lag} records behind the log end (more than "
-                                f"max_lag_records={self.s.max_lag_records}; `kappa wait {job} "
-                                f"{v.version}`)")
-        current = aliases.find(self.conn, self.s.catalog_schema,
-                               validate_name(alias or v.job, "alias"))
-        return problems + validation_problems(self.conn, self.s, v,
-                                              current["primary"] if current else None)
 
     def _live_versions(self, job: str) -> list[DeployedVersion]:
         return [v for v in versions.list_all(self.conn, self.s.catalog_schema, job)

@@ -1,4 +1,5 @@
-"""The alias view: one UNION ALL branch per version, each filtered by the routing row.
+"""The alias view: two UNION ALL branches per version (it serves every key; it serves some),
+each gated by the routing row.
 
 The view is (re)defined only when the set of versions changes (a deploy, a retire, or a promote to
 a version whose columns differ). That DDL takes an ACCESS EXCLUSIVE lock, which waits for open
@@ -53,19 +54,30 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
             parts.append(sql.SQL("{}::text AS {}").format(sql.Literal(v.version), named))
         return sql.SQL(", ").join(parts)
 
+    # The routing row is read once per statement (a materialized CTE); each branch is gated on
+    # it by a condition without a column of the table, which PostgreSQL evaluates once, before
+    # the scan (a One-Time Filter): a branch that serves nothing is never scanned, and while one
+    # version serves every key its rows pass with no bucket computed.
+    routing = sql.SQL(
+        "WITH r AS MATERIALIZED (SELECT primary_version, candidate_version, percent FROM {} "
+        "WHERE name = {}) ").format(qualified(catalog_schema, "aliases"), sql.Literal(alias))
     bucket = sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
                                                  _key_text(spec.key_columns))
-    branches = [
-        sql.SQL(
-            "SELECT {columns} FROM {table} AS t CROSS JOIN {aliases} AS a "
-            "WHERE a.name = {alias} AND ((a.primary_version = {version} AND {bucket} >= a.percent)"
-            " OR (a.candidate_version = {version} AND {bucket} < a.percent))"
-        ).format(columns=selected(v), table=qualified(data_schema, v.output_table),
-                 aliases=qualified(catalog_schema, "aliases"), alias=sql.Literal(alias),
-                 version=sql.Literal(v.version), bucket=bucket)
-        for v in versions
-    ]
-    return sql.SQL(" UNION ALL ").join(branches)
+    branches = []
+    for v in versions:
+        table, version = qualified(data_schema, v.output_table), sql.Literal(v.version)
+        branches.append(sql.SQL(
+            "SELECT {columns} FROM {table} AS t WHERE EXISTS (SELECT FROM r WHERE "
+            "r.candidate_version IS NULL AND r.primary_version = {version})"
+        ).format(columns=selected(v), table=table, version=version))
+        branches.append(sql.SQL(
+            "SELECT {columns} FROM {table} AS t WHERE EXISTS (SELECT FROM r WHERE "
+            "r.candidate_version IS NOT NULL AND {version} IN (r.primary_version, "
+            "r.candidate_version)) AND CASE WHEN {bucket} < (SELECT percent FROM r) THEN "
+            "(SELECT candidate_version FROM r) ELSE (SELECT primary_version FROM r) END = "
+            "{version}"
+        ).format(columns=selected(v), table=table, version=version, bucket=bucket))
+    return routing + sql.SQL(" UNION ALL ").join(branches)
 
 
 def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: str,

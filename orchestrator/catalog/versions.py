@@ -30,6 +30,16 @@ def _select(schema: str, where: str) -> sql.Composed:
                                            qualified(schema, "version_logs"))
 
 
+def of_job_query(schema: str) -> sql.Composed:
+    """Every version of one job (the parameter), oldest first: for a caller that pipelines it
+    with other statements and reads the rows with ``from_row``."""
+    return _select(schema, "WHERE v.job = %s ORDER BY v.id")
+
+
+def from_row(row: tuple[Any, ...]) -> DeployedVersion:
+    return _from_row(row)
+
+
 def _from_row(row: tuple[Any, ...]) -> DeployedVersion:
     (vid, _job, _version, fp, source, path, spec, out, dlq, ckpt, group, log_start, created,
      identity) = row

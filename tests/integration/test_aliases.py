@@ -34,6 +34,23 @@ def _alias_rows(settings, alias: str = JOB, user: str | None = None) -> dict:
     return {url: (views, total) for url, views, total in rows}
 
 
+def _rows_hashed(settings, alias: str = JOB) -> int:
+    """Rows whose A/B bucket a full read of the alias computed: the rows that executed plan
+    nodes filtered by an md5 (EXPLAIN ANALYZE)."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        ((plan,),) = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) "
+                                          "FROM {}.{}").format(
+            sql.Identifier(settings.serving_schema), sql.Identifier(alias))).fetchall()
+    hashed, pending = 0, [plan[0]["Plan"]]
+    while pending:
+        node = pending.pop()
+        pending += node.get("Plans", [])
+        for kind in ("Filter", "Join Filter"):
+            if "md5" in node.get(kind, "") and node.get("Actual Loops", 0):
+                hashed += node["Actual Rows"] + node.get(f"Rows Removed by {kind}", 0)
+    return hashed
+
+
 def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_path: Path
                                                  ) -> None:
     from orchestrator.errors import InvalidNameError, KappaError, StateError
@@ -60,6 +77,8 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
     service.promote(JOB, "v1", force=True, reason="first version: nothing served before")
     v1, v2 = output(settings, f"{JOB}__v1"), output(settings, f"{JOB}__v2")
     assert _alias_rows(settings) == v1
+    # One version serves every key: no reader pays for a key's bucket.
+    assert _rows_hashed(settings) == 0
 
     report = service.diff(JOB, "v1", "v2")
     assert report.aligned and report.offsets_apart == 0
@@ -75,6 +94,7 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
         expected = {k: v for k, v in v1.items() if _bucket(k) >= percent}
         expected |= {k: v for k, v in v2.items() if _bucket(k) < percent}
         assert _alias_rows(settings) == expected
+        assert _rows_hashed(settings) == len(v1) + len(v2)  # a split hashes both tables
     # New events during the A/B phase: v1 keeps processing them, so a rollback lands on
     # current data.
     service.produce_sample(topic, 2_000, seed=102)
@@ -91,6 +111,7 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
     ref = compute(settings.kafka_bootstrap, topic)
     wait_until(lambda: _alias_rows(settings) == ref.v1, 30,
                "the alias to serve v1's current values after the rollback")
+    assert _rows_hashed(settings) == 0
     with pytest.raises(StateError, match="nothing to roll back"):
         service.rollback(JOB)
 

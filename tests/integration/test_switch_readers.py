@@ -4,6 +4,7 @@ fails, stalls or sees a key twice, and no switch runs DDL or waits for a reader.
 from __future__ import annotations
 
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -105,6 +106,35 @@ def test_readers_never_fail_stall_or_see_a_key_twice(service, settings, topic, t
     assert waits == [], f"lock waits on the alias or its tables: {waits[:10]}"
     # The first promote, 50 switches and the one made while a reader held the alias.
     assert len(service.history("pageview_counts")) == 52
+
+    # With fresh lag samples (as `kappa agent` keeps them), each kind of switch makes two round
+    # trips to PostgreSQL: the alias locked with every fact its gates need, then the write
+    # with the COMMIT.
+    service.lag("pageview_counts")
+    for switch in (lambda: service.ab("pageview_counts", "v2", 10, reason="round trips"),
+                   lambda: service.promote("pageview_counts", "v2", reason="round trips"),
+                   lambda: service.rollback("pageview_counts", reason="round trips")):
+        assert _round_trips(service, switch) == 2
+    assert [h["action"] for h in service.history("pageview_counts")[-3:]] == [
+        "ab", "promote", "rollback"]
+
+
+def _round_trips(service, switch) -> int:
+    """The times ``switch()`` waited for PostgreSQL on the service's switch connection: runs of
+    messages sent, each answered before the next (libpq's protocol trace)."""
+    with service._switching() as board:
+        conn = board.conn
+    with tempfile.NamedTemporaryFile() as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS
+                                    | psycopg.pq.Trace.REGRESS_MODE)
+        try:
+            switch()
+        finally:
+            conn.pgconn.untrace()
+        sent = [line.split(b"\t", 1)[0] == b"F"
+                for line in Path(trace.name).read_bytes().splitlines() if line.strip()]
+    return sum(1 for i, frontend in enumerate(sent) if frontend and (i == 0 or not sent[i - 1]))
 
 
 def _switch_while_a_reader_holds_the_alias(service, settings) -> None:
