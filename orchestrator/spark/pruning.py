@@ -3,9 +3,9 @@ nor move the others.
 
 PySpark's Python data sources get no column pruning from Spark: every column a source
 declares is built by the Python workers, streamed to the JVM and turned into rows, and only
-then dropped by the Project that Spark's optimizer put above it. The query is planned once
-with every column; the names its optimized plan references are the columns it reads; the
-sources are then declared with those columns alone.
+then dropped by the Project that Spark's optimizer put above it. The query is planned first on
+stand-in sources with every column; the names its optimized plan references are the columns it
+reads; the sources are then declared with those columns alone.
 
 The optimizer cannot be asked through ``queryExecution().optimizedPlan()`` on a streaming
 plan (Spark refuses it outside ``writeStream.start()``), so this runs the session's optimizer
@@ -15,7 +15,10 @@ on the analyzed plan, as the streaming engine does each batch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.models import KAFKA_COLUMNS
@@ -76,27 +79,40 @@ def pruned_columns(read: frozenset[str] | None, event_fields: Iterable[str],
 Built = tuple[Any, Any]  # the query's DataFrame, and the DataFrame whose plan reads the source
 
 
+@contextmanager
+def stand_in_sources(spark: Any, schemas: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """One streaming DataFrame per topic with the source's schema (DDL), read by Spark's own
+    Parquet stream source from an empty directory: the job's plan on these is the plan on the
+    sources, found without loading a Python data source (a Python process each) twice."""
+    empty = tempfile.mkdtemp(prefix="kappa-stand-in-")
+    try:
+        yield {topic: spark.readStream.schema(ddl).format("parquet").load(empty)
+               for topic, ddl in schemas.items()}
+    finally:
+        shutil.rmtree(empty, ignore_errors=True)
+
+
 def plan_with_pruning(spark: Any, build: Callable[[dict[str, tuple[str, ...] | None]], Built],
-                      fields: dict[str, tuple[str, ...]], always: frozenset[str] = frozenset()
-                      ) -> Any:
-    """``build`` the query with every column (``fields``: each topic's event fields), find the
-    columns each topic's source needs, and build it again with only those; keep the first
-    unless the second plans, with the same output schema."""
-    full, planned = build({})
+                      planned: Any, fields: dict[str, tuple[str, ...]],
+                      always: frozenset[str] = frozenset()) -> Any:
+    """The query ``build`` makes on sources that declare only the columns ``planned`` (the
+    job's plan on stand-ins with every column; None: it could not be planned) reads
+    (``fields``: each topic's event fields). Every column where the plan cannot be read, or
+    where the query with fewer does not plan with the same output schema."""
     read = referenced_names(spark, planned) if planned is not None else None
     columns = {topic: pruned_columns(read, names, always) for topic, names in fields.items()}
     if all(kept is None for kept in columns.values()):
-        return full
+        return build({})[0]
     try:
         pruned, pruned_planned = build(columns)
         same = pruned_planned is not None and pruned_planned.schema == planned.schema
     except Exception as exc:
         log.info("columns not pruned: the query did not plan with them alone (%s)",
                  type(exc).__name__)
-        return full
+        return build({})[0]
     if not same:
         log.info("columns not pruned: the query's output differs with them alone")
-        return full
+        return build({})[0]
     log.info("columns read: %s", "; ".join(
         f"{topic}: {', '.join(kept) if kept is not None else 'all'}"
         for topic, kept in sorted(columns.items())))

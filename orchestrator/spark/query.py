@@ -17,9 +17,9 @@ from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings
 from orchestrator.spark.batch_commit import BatchCommit
 from orchestrator.spark.failures import spark_reason
-from orchestrator.spark.pruning import QUARANTINE_COLUMNS, plan_with_pruning
+from orchestrator.spark.pruning import QUARANTINE_COLUMNS, plan_with_pruning, stand_in_sources
 from orchestrator.spark.shape import JobError, shape_output
-from orchestrator.spark.source import SOURCE_NAME, source_options
+from orchestrator.spark.source import KAFKA_DDL, SOURCE_NAME, source_options
 
 LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
 LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
@@ -108,25 +108,32 @@ class JobQuery:
     def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
         """The streaming DataFrame the sink receives, and Spark's output mode."""
         spec = self.version.spec
-        fields = {source.topic: parse_ddl(source.schema).names for source in spec.inputs}
-        if spec.mode == "batch":
-            # The transform runs per batch, in the sink: the query only reads.
-            def read(columns: dict[str, tuple[str, ...] | None]) -> tuple[Any, Any]:
-                events = union(list(self._streams(spark, live=live, columns=columns).values()))
+        batch = spec.mode == "batch"
+
+        def build(streams: dict[str, Any]) -> tuple[Any, Any]:
+            """The query's DataFrame, and the one whose plan reads the sources."""
+            if batch:
+                # The transform runs per batch, in the sink: the query only reads.
+                events = union(list(streams.values()))
                 return events, self._planned(lambda: self.batch_transform(events))
-
-            if not self.settings.prune_columns:
-                return read({})[0], "append"
-            return plan_with_pruning(spark, read, fields, QUARANTINE_COLUMNS), "append"
-
-        def output(columns: dict[str, tuple[str, ...] | None]) -> tuple[Any, Any]:
-            shaped = shape_output(self._output(self._streams(spark, live=live, columns=columns)),
-                                  spec)
+            shaped = shape_output(self._output(streams), spec)
             return shaped, shaped
 
-        shaped = output({}) if not self.settings.prune_columns else \
-            plan_with_pruning(spark, output, fields)
-        return shaped, ("update" if spec.output_mode == "upsert" else "append")
+        def on_sources(columns: dict[str, tuple[str, ...] | None]) -> tuple[Any, Any]:
+            return build(self._streams(spark, live=live, columns=columns))
+
+        if not self.settings.prune_columns:
+            query = on_sources({})[0]
+        else:
+            schemas = {source.topic: source.schema for source in spec.inputs}
+            with stand_in_sources(spark, {t: f"{KAFKA_DDL}, {ddl}" for t, ddl in
+                                          schemas.items()}) as stand_ins:
+                planned = build(stand_ins)[1]
+            query = plan_with_pruning(
+                spark, on_sources, planned,
+                {topic: parse_ddl(ddl).names for topic, ddl in schemas.items()},
+                QUARANTINE_COLUMNS if batch else frozenset())
+        return query, ("append" if batch or spec.output_mode != "upsert" else "update")
 
     def _output(self, streams: dict[str, Any]) -> Any:
         spec = self.version.spec
