@@ -64,7 +64,10 @@ def switch_transaction(conn: psycopg.Connection) -> Iterator[None]:
     try:
         yield
     finally:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
+        # A broken connection (status unknown) has no transaction left to end: the next
+        # switch reopens it (CatalogAccess.kept).
+        if conn.info.transaction_status in (TransactionStatus.INTRANS,
+                                            TransactionStatus.INERROR):
             conn.execute("ROLLBACK")
 
 
