@@ -1,7 +1,7 @@
 """Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
     .venv/bin/python bench/replay.py [--events N [N ...]] [--source kafka [archive]]
-                                     [--workers W [W ...]] [--unpruned] [--json]
+                                     [--workers W [W ...]] [--unpruned] [--cold-only] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
 KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample events into a new
@@ -20,6 +20,9 @@ KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample even
    batch records' archived offsets): the same figures, and the ratios to the replay from Kafka.
 5. with --unpruned: each replay again by a version that reads every source column
    (prune_columns false), and the pruned replay's speed over it.
+6. unless --cold-only: every replay above starts its driver cold (warm_spares 0); then one
+   more version is deployed once a warm spare driver is ready, and adopts it
+   (bench/warm_start.py): deploy to the first batch and to caught up, warm against cold.
 It checks that kappa's output table equals the peer's row for row and that both rejected the
 same number of records (raises if not), prints the rates and ratios, and with several N the
 "flat cost" figure: µs per event at the largest N over µs per event at the smallest (1.0: the
@@ -122,7 +125,7 @@ def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version
         wall = time.perf_counter() - began
     memory = peak_rss_mb(status.pid)  # read while the driver runs: the kernel's high-water mark
     at = state_times(settings, version)
-    return {**found, "wall_s": wall,
+    return {**found, "wall_s": wall, "pid": pid,
             "replay_s": (at["caught_up"] - at["replaying"]).total_seconds(),
             "session_s": (at["replaying"] - deployed_at).total_seconds(),
             "first_batch_s": (first_batch_at(settings, version) - deployed_at).total_seconds(),
@@ -266,12 +269,13 @@ def from_archive(settings: Any, service: Any, workdir: Path, topic: str, version
 
 def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
             workers: list[int], worker_cores: int, profile: Path | None = None,
-            sources: tuple[str, ...] = ("kafka",), unpruned: Any | None = None
-            ) -> dict[str, Any]:
+            sources: tuple[str, ...] = ("kafka",), unpruned: Any | None = None,
+            warm: Any | None = None) -> dict[str, Any]:
     """Every figure for one topic of ``count`` events; ``name`` is unique per run. The replay
     from Kafka runs first, before the archive holds the topic: then Kafka serves every range."""
     from bench import peer
     from bench.raw_read import raw_read_rate, raw_read_rate_all_cores
+    from bench.warm_start import warm_replay
 
     topic, version = f"bench_{name}", f"b{name}"
     bootstrap = settings.kafka_bootstrap or ""
@@ -287,6 +291,8 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
                            "from the archive: the archive held the topic too early")
     pruning = pruning_worth(settings, unpruned, workdir, topic, f"{version}u", peer_table,
                             theirs, produced, ours)
+    spare = warm_replay(settings, warm, workdir, topic, f"{version}s", peer_table, theirs,
+                        produced, ours) if warm is not None else None
     archived = from_archive(settings, service, workdir, topic, f"{version}a", peer_table,
                             theirs, produced, ours, raw_all, profile, unpruned) \
         if "archive" in sources else None
@@ -325,6 +331,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
         "tables_equal": True,  # checked above
         "kappa_us_per_event_without_start": round(1e6 * replay_s / produced, 3),
         **pruning,
+        **({"warm_spare": spare} if spare else {}),
         **({"from_archive": archived} if archived else {}),
         **({"standalone_cluster": clusters} if clusters else {}),
         **({"profile": ours["profile"]} if "profile" in ours else {}),
@@ -361,6 +368,8 @@ def main() -> int:
     parser.add_argument("--unpruned", action="store_true",
                         help="also replay with prune_columns false, to show what pruning is "
                              "worth")
+    parser.add_argument("--cold-only", action="store_true",
+                        help="skip the replay on a warm spare driver")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run as a script: bench/ is not a package on the path
@@ -368,14 +377,18 @@ def main() -> int:
     from bench.stack import bench_stack
     from orchestrator.service import Orchestrator
 
-    with bench_stack("replay", durable=args.durable) as (settings, service, workdir, tag):
+    with bench_stack("replay", durable=args.durable) as (warm_settings, warm, workdir, tag):
+        # Every replay starts its driver cold, but the one measured on a warm spare.
+        settings = replace(warm_settings, warm_spares=0)
+        service = Orchestrator(settings)
         unpruned = Orchestrator(replace(settings, prune_columns=False)) if args.unpruned \
             else None
         smallest = min(args.events)
         largest = max(args.events)
         runs = [measure(settings, service, workdir, f"{tag}_{i}", n,
                         args.workers if n == smallest else [], args.worker_cores,
-                        args.profile if n == largest else None, tuple(args.source), unpruned)
+                        args.profile if n == largest else None, tuple(args.source), unpruned,
+                        None if args.cold_only else warm)
                 for i, n in enumerate(args.events)]
     results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:

@@ -12,8 +12,9 @@ def show(results: dict[str, Any]) -> None:
             if key == "profile":
                 show_profile(value)
                 continue
-            if key == "from_archive":
-                print("  replayed from the archive:")
+            if key in ("from_archive", "warm_spare"):
+                print("  replayed from the archive:" if key == "from_archive" else
+                      "  deployed on a warm spare driver:")
                 for k, v in value.items():
                     if k == "profile":
                         show_profile(v)

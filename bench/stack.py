@@ -19,6 +19,7 @@ from psycopg import sql
 from orchestrator.catalog.db import connect
 from orchestrator.service import Orchestrator
 from orchestrator.settings import load_settings
+from orchestrator.spark import spares
 
 
 @contextmanager
@@ -35,6 +36,8 @@ def bench_stack(name: str, serving: bool = False, *, durable: bool = False
         up = stack.up(settings.state_dir, storage=stack.S3 if durable else stack.MEMORY)
         settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
     tag = uuid.uuid4().hex[:8]
+    # Its own warm spares (bench/warm_start.py), withdrawn at the end.
+    settings = replace(settings, spare_dir=settings.spare_dir or workdir / "spares")
     settings = replace(settings, catalog_schema=f"kappa_bench_{tag}",
                        data_schema=f"kappa_bench_data_{tag}",
                        **({"serving_schema": f"serving_bench_{tag}"} if serving else {}))
@@ -45,6 +48,7 @@ def bench_stack(name: str, serving: bool = False, *, durable: bool = False
         for st in service.status():
             if st.pid:
                 service.stop(st.job, st.version)
+        spares.withdraw_all(settings, state_dir=settings.state_dir)
         with connect(settings.pg_dsn or "", autocommit=True) as conn:
             schemas = [settings.catalog_schema, settings.data_schema]
             for schema in schemas + ([settings.serving_schema] if serving else []):

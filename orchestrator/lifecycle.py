@@ -65,6 +65,10 @@ def start_driver(svc: Orchestrator, conn: psycopg.Connection, version: DeployedV
         return runs.get(conn, s.catalog_schema, version.id)
 
 
+def keep_spares(svc: Orchestrator) -> int | None:
+    return launcher.keep_spare(svc.settings)
+
+
 def stop(svc: Orchestrator, job: str, version: str) -> VersionStatus:
     s = svc.settings
     with svc.catalog.connection() as conn:

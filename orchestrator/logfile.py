@@ -27,6 +27,7 @@ class RotatingLog(threading.Thread):
     def __init__(self, path: Path, max_bytes: int) -> None:
         super().__init__(name="kappa-log", daemon=True)
         self.path, self.max_bytes = path, max(1_000_000, max_bytes)
+        self._lock = threading.Lock()  # the file changes under retarget()
         self._read, write = os.pipe()
         self._file = open_private(path)
         sys.stdout.flush()
@@ -37,18 +38,30 @@ class RotatingLog(threading.Thread):
 
     def run(self) -> None:
         while chunk := os.read(self._read, 65536):
-            if self._file.tell() + len(chunk) > self.max_bytes:
-                # Rotate at the last line's end that fits, so that each file starts with a whole
-                # line and none passes the cap.
-                room = max(0, self.max_bytes - self._file.tell())
-                cut = chunk.rfind(b"\n", 0, room) + 1
-                self._file.write(chunk[:cut])
-                self._file.close()
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self._file = open_private(self.path)
-                chunk = chunk[cut:]
-            self._file.write(chunk)
+            with self._lock:
+                self._write(chunk)
         self._file.close()
+
+    def _write(self, chunk: bytes) -> None:
+        if self._file.tell() + len(chunk) > self.max_bytes:
+            # Rotate at the last line's end that fits, so that each file starts with a whole
+            # line and none passes the cap.
+            room = max(0, self.max_bytes - self._file.tell())
+            cut = chunk.rfind(b"\n", 0, room) + 1
+            self._file.write(chunk[:cut])
+            self._file.close()
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            self._file = open_private(self.path)
+            chunk = chunk[cut:]
+        self._file.write(chunk)
+
+    def retarget(self, path: Path) -> None:
+        """Write what follows into ``path``: a warm spare's log becomes its version's."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with self._lock:
+            previous, self._file, self.path = self._file, open_private(path), path
+            previous.close()
 
     def finish(self, timeout_s: float = 5.0) -> None:
         """Flush and stop: the thread ends once every writer (a JVM too) has closed the pipe."""

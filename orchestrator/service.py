@@ -56,6 +56,10 @@ class Orchestrator:
     def stop_all(self) -> list[VersionStatus]:
         return lifecycle.stop_all(self)
 
+    def keep_spares(self) -> int | None:
+        """Start a warm spare driver if this host keeps fewer than warm_spares; its PID."""
+        return lifecycle.keep_spares(self)
+
     def restart(self, job: str, version: str, *, allow_gap: bool = False,
                 quarantine: bool = False) -> VersionStatus:
         return restarting.restart(self, job, version, allow_gap=allow_gap, quarantine=quarantine)

@@ -72,6 +72,17 @@ class Settings:
     # spark/pruning.py); false: every column, as before.
     prune_columns: bool = True
     live_trigger_seconds: float = 1.0
+    # Warm spare drivers kept on this host: a JVM, a session and Python workers started and
+    # waiting for a deploy to adopt one (spark/spares.py); 0 turns them off. Each holds about
+    # spark_driver_memory plus 640 MiB, and is started only while twice that is available.
+    warm_spares: int = 1
+    # Where spares wait; default <tmp>/kappa-spares-<uid>, shared by this user's deployments on
+    # this host (a deploy adopts only a spare whose settings fingerprint matches its own).
+    spare_dir: Path | None = None
+    spare_idle_s: float = 3600.0  # a spare nobody adopted for this long exits
+    # The Python processes a driver's JVM starts on its host are forked from a process that has
+    # imported pyspark and the log source once (spark/zygote.py); false: each starts afresh.
+    python_fork_server: bool = True
     heartbeat_interval_s: float = 2.0
     # A driver on another host that has not beaten for this long counts as dead.
     heartbeat_timeout_s: float = 30.0
@@ -184,7 +195,7 @@ def _coerce(name: str, raw: Any) -> Any:
             return None if raw in (None, "", "None") else int(raw)
         if kind in ("float", float):
             return float(raw)
-        if kind in ("Path", Path):
+        if kind in ("Path", Path, "Path | None"):
             return Path(raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"setting {name}={raw!r} is not a valid {kind}: fix it") from exc

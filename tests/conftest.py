@@ -48,6 +48,11 @@ def stack() -> Iterator[object]:
     try:
         yield status
     finally:
+        from orchestrator.settings import Settings
+        from orchestrator.spark import spares
+
+        # The warm spares this worker's deploys left (test_spares.py): none outlives the run.
+        spares.withdraw_all(Settings(state_dir=state_dir, spare_dir=state_dir / "spares"))
         dev_stack.down(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
 
@@ -62,6 +67,8 @@ def settings(stack: object, tmp_path: Path) -> object:
         kafka_bootstrap=stack.kafka_bootstrap,  # type: ignore[attr-defined]
         catalog_schema=f"kappa_{tag}", data_schema=f"data_{tag}",
         spark_driver_memory="768m", heartbeat_interval_s=1.0,
+        # One pool of warm spares per worker's stack, shared by its tests.
+        spare_dir=Path(stack.state_dir) / "spares",  # type: ignore[attr-defined]
     )
 
 

@@ -25,6 +25,7 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
     def take() -> Snapshot:
         if supervise:
             supervisor.tick()
+            service.keep_spares()  # this host's warm spare drivers, replaced once adopted
         lags = tuple(service.lag(limits=limits))
         archive = tuple(service.archive_status()) if getattr(args, "archive", False) else ()
         return Snapshot(lags=lags, statuses=tuple(service.status(exact_rows=False)),

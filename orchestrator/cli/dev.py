@@ -35,8 +35,15 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
                           restore=restore_into(settings, as_json, restored))
     else:
         status = {"down": stack.down, "status": stack.status}[action](settings.state_dir)
+    spare = _keep_spare(settings, status) if action == "up" else None
+    if action == "down":
+        from orchestrator.spark.launcher import withdraw_spares
+
+        withdraw_spares(settings)
     if as_json:
         shown = _as_json(status)
+        if action == "up":
+            shown["warm_spare_pid"] = spare
         if restored:
             from orchestrator.cli.archive import restore_json
 
@@ -55,6 +62,9 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
     else:
         print(f"\nlog: {status.storage_text}")
     if action == "up":
+        if spare is not None:
+            print(f"warm spare driver: warming (pid {spare}); the next deploy adopts it "
+                  "(warm_spares = 0 turns spares off)")
         print(f"state in {status.state_dir}; `kappa dev env` prints the settings as export "
               "lines")
     return 0
@@ -89,6 +99,16 @@ def _as_json(status: Any) -> dict[str, Any]:
         "services": [{"name": s.name, "pid": s.pid, "running": s.running,
                       "address": s.address} for s in status.services],
     }
+
+
+def _keep_spare(settings: Settings, status: Any) -> int | None:
+    """`kappa dev up` keeps one warm spare driver for the stack's services (README)."""
+    from dataclasses import replace
+
+    from orchestrator.spark.launcher import keep_spare
+
+    return keep_spare(replace(settings, pg_dsn=settings.pg_dsn or status.pg_dsn,
+                              kafka_bootstrap=settings.kafka_bootstrap or status.kafka_bootstrap))
 
 
 def _stop_drivers(settings: Settings) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,6 @@ from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.failures import first_error_line
 from orchestrator.spark.heartbeat import Heartbeat
 from orchestrator.spark.jobcode import load_transform, materialize
-from orchestrator.spark.pyspark_path import WORKER_SITE
 from orchestrator.spark.query import JobQuery, unchanged
 from orchestrator.spark.resume import resume_point
 from orchestrator.spark.retries import Retries
@@ -74,13 +72,13 @@ class Driver:
         if self.retries.wait_out_outages(change, f"record {targets[-1].value}") is None:
             raise StaleDriverError(f"attempt {self.attempt} was replaced; exiting")
 
-    def run(self) -> None:
+    def run(self, spark: Any | None = None) -> None:
+        """Replay, then go live; on ``spark``, a warm spare's session, if one was adopted."""
         s = self.settings
         code = materialize(self.version)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(code), WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
-        spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}")
-        spark.dataSource.register(KafkaLogSource)
+        if spark is None:
+            spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}", code)
+            spark.dataSource.register(KafkaLogSource)
         cores = cluster_cores(s, spark)
         spark.conf.set("spark.sql.shuffle.partitions", str(cores))
         try:
@@ -190,18 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     if pump is not None:
         pump.start()
     try:
-        return _main(args, settings)
+        return run_driver(args, settings)
     finally:
         if pump is not None:
             pump.finish()
 
 
-def _main(args: argparse.Namespace, settings: Settings) -> int:
+def run_driver(args: argparse.Namespace, settings: Settings, spark: Any | None = None) -> int:
+    """Run the version's driver to its end; its exit status."""
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     driver = Driver(settings, args.job, args.version, args.attempt)
     try:
-        driver.run()
+        driver.run(spark)
     except StaleDriverError as exc:
         log.error("%s", exc)
         return 3

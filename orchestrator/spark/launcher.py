@@ -17,7 +17,7 @@ from orchestrator.logfile import open_private
 from orchestrator.models import RunRecord
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
-from orchestrator.spark import cds
+from orchestrator.spark import cds, spares
 
 # What a task runner sets for its own process; a driver outlives the task, so neither its events
 # nor its environment should carry the task's identity or its connections.
@@ -44,19 +44,35 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
     logs = settings.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{job}__{version}.log"
+    env = driver_environment(settings)
     with open_private(log_path) as log:
         log.write(f"\n=== attempt {attempt} starting at {time.ctime()} ===\n".encode())
-    pid = spawn_detached(
-        [sys.executable, "-m", "orchestrator.spark.driver", "--job", job, "--version", version,
-         "--attempt", str(attempt), "--log", str(log_path)],
-        driver_environment(settings), log_path)
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        started = 0.0
-    # Once per machine (JDK, Spark): the next drivers start on the class archive.
+    adopted = spares.adopt(settings, env, job, version, attempt, log_path)
+    if adopted is not None:
+        pid, started = adopted
+    else:
+        pid = spawn_detached(
+            [sys.executable, "-m", "orchestrator.spark.driver", "--job", job, "--version",
+             version, "--attempt", str(attempt), "--log", str(log_path)], env, log_path)
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:
+            started = 0.0
+    # The next deploy finds a warm spare; once per machine (JDK, Spark), the class archive.
+    spares.keep(settings, env, after_deploy=True)
     cds.build_in_background()
     return DriverProcess(pid, started, log_path)
+
+
+def keep_spare(settings: Settings) -> int | None:
+    """Start a warm spare driver if this host keeps fewer than ``warm_spares`` fitting these
+    settings (spark/spares.py); its PID, or None."""
+    return spares.keep(settings, driver_environment(settings))
+
+
+def withdraw_spares(settings: Settings) -> int:
+    """Stop the spares that a deployment with these settings' state directory started."""
+    return spares.withdraw_all(settings, state_dir=settings.state_dir)
 
 
 def this_host() -> str:

@@ -31,7 +31,8 @@ def pyspark_home() -> str | None:
     return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
 
 
-def _is_source_zip(entry: str) -> bool:
+def is_source_zip(entry: str) -> bool:
+    """Whether ``entry`` is one of Spark's zips of pyspark or py4j sources."""
     name = os.path.basename(entry)
     return name.endswith(".zip") and name.startswith(_SOURCE_ZIPS)
 
@@ -40,7 +41,7 @@ def use_installed_pyspark() -> bool:
     """Takes Spark's source zips off sys.path when they are the installed pyspark's own, so
     that pyspark and py4j import from the package, compiled. Zips of another Spark (a
     SPARK_HOME of a different version than the pip package) are left where they are."""
-    zips = [entry for entry in sys.path if _is_source_zip(entry)]
+    zips = [entry for entry in sys.path if is_source_zip(entry)]
     if not zips or "pyspark" in sys.modules:
         return False
     original = sys.path[:]
@@ -58,5 +59,5 @@ def use_installed_pyspark() -> bool:
     # Processes that this one forks or starts inherit the same choice.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if entry and not _is_source_zip(entry))
+        if entry and not is_source_zip(entry))
     return True

@@ -64,6 +64,8 @@ class JobQuery:
         except StaleDriverError:
             query.stop()
             raise
+        if not live:
+            _log_first_progress(query)
 
     def batch_transform(self, df: Any) -> Any:
         """A batch job's transform of one micro-batch, given one DataFrame per topic if the
@@ -171,3 +173,13 @@ def union(streams: list[Any]) -> Any:
     for other in rest:
         first = first.unionByName(other, allowMissingColumns=True)
     return first
+
+
+def _log_first_progress(query: Any) -> None:
+    """Where the run's first micro-batch spent its time, by Spark's own phases: what a deploy
+    waits for before its first output."""
+    progress = query.recentProgress
+    if progress:
+        phases = progress[0].get("durationMs") or {}
+        log.info("first batch of the run, ms by phase: %s",
+                 ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))

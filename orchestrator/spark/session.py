@@ -6,11 +6,14 @@ import json
 import os
 import re
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE
 from orchestrator.settings import Settings
+from orchestrator.spark import zygote
 from orchestrator.spark.cds import driver_java_options
+from orchestrator.spark.pyspark_path import WORKER_SITE
 from orchestrator.spark.writer import DSN_VARIABLE
 
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -94,8 +97,12 @@ def cluster_cores(settings: Settings, spark: Any) -> int:
 _SECRET_PREFIX = "spark.executorEnv."
 
 
-def build_session(settings: Settings, app_name: str) -> Any:
+def build_session(settings: Settings, app_name: str, code: Path | None = None) -> Any:
     """The session, with the secrets kept out of every command line.
+
+    The Python processes that its JVM starts on this host get the worker site and ``code`` (a
+    version's deployed package, if known) on their path, and the driver's zygote when
+    python_fork_server is on (see zygote.py): they inherit this process's environment.
 
     PySpark puts each builder option on the spark-submit command line (``--conf k=v``), which
     any user of the host can read. The executors' secrets (the DSN, the SASL password) therefore
@@ -103,6 +110,10 @@ def build_session(settings: Settings, app_name: str) -> Any:
     """
     from pyspark.sql import SparkSession
 
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(code) if code else None, WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
+    if settings.python_fork_server:
+        zygote.start()
     conf = spark_conf(settings, app_name, settings.pg_dsn)
     secrets = {k: v for k, v in conf.items() if k.startswith(_SECRET_PREFIX)}
     builder = SparkSession.builder

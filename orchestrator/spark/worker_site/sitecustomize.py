@@ -11,6 +11,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _chain() -> None:
     try:
+        # A process the driver's zygote can run for it exits here (orchestrator.spark.zygote).
+        from orchestrator.spark.zygote_client import hand_over
+
+        hand_over()
+    except Exception:
+        pass
+    try:
         from orchestrator.spark.pyspark_path import use_installed_pyspark
 
         use_installed_pyspark()

@@ -1,0 +1,44 @@
+"""The started process's side of the zygote (orchestrator.spark.zygote): light, because the
+worker site runs it first in every Python process that a driver's JVM starts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import sys
+
+SOCKET_VARIABLE = "KAPPA_ZYGOTE_SOCKET"
+RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+MODULES = (RUNNER, "pyspark.daemon", "orchestrator.spark.daemon")
+HEADER = struct.Struct("!I")
+STATUS = struct.Struct("!i")
+
+
+def hand_over() -> None:
+    """If this process's module is one the zygote runs and the zygote listens, let it run there
+    and exit with its status; else return, and the process starts as it would have."""
+    path = os.environ.get(SOCKET_VARIABLE)
+    argv = getattr(sys, "orig_argv", [])
+    if not path or "-m" not in argv:
+        return
+    at = argv.index("-m")
+    if at + 1 >= len(argv) or argv[at + 1] not in MODULES:
+        return
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        payload = json.dumps({"module": argv[at + 1], "args": argv[at + 2:], "cwd": os.getcwd(),
+                              "env": dict(os.environ)}).encode()
+        socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
+        conn.sendall(payload)
+    except OSError:
+        conn.close()
+        return
+    status = b""
+    with contextlib.suppress(OSError):
+        while len(status) < STATUS.size and (chunk := conn.recv(STATUS.size - len(status))):
+            status += chunk
+    os._exit(STATUS.unpack(status)[0] if len(status) == STATUS.size else 1)

@@ -1,0 +1,110 @@
+"""Warm spare drivers: a deploy adopts one whose fingerprint matches, replays exactly on it, and
+starts a replacement; one that does not match is never adopted; one nobody adopts exits."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.service import Orchestrator
+from orchestrator.spark import launcher, spares
+
+from conftest import job_file, wait_until
+from integration.helpers import dead_letters, output
+from reference import compute
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+JOB = "pageview_counts"
+
+
+@pytest.fixture
+def spare_settings(settings) -> Iterator[object]:
+    # Under /tmp, not tmp_path: a Unix socket's path must stay under 108 bytes.
+    directory = Path(tempfile.mkdtemp(prefix="kappa-sp-"))
+    own = replace(settings, spare_dir=directory)
+    try:
+        yield own
+    finally:
+        spares.withdraw_all(own)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _spare(settings) -> spares.Spare:
+    env = launcher.driver_environment(settings)
+    pid = spares.keep(settings, env)
+    assert pid is not None, "no spare was started: is memory short?"
+    assert spares.wait_ready(settings, env, timeout_s=240), "the spare never became ready"
+    (spare,) = [s for s in spares.spares(spares.spare_dir(settings)) if s.pid == pid]
+    return spare
+
+
+def _forked_by_zygote(driver_pid: int) -> int:
+    """How many processes the driver's zygote runs for its JVM (they share its command line)."""
+    processes = psutil.Process(driver_pid).children(recursive=True)
+    zygote = [p for p in processes if "orchestrator.spark.zygote" in " ".join(p.cmdline())
+              and "orchestrator.spark.zygote" not in " ".join(p.parent().cmdline())]
+    return len(zygote[0].children()) if zygote else 0
+
+
+# `service` (unused here) stops every driver of the test's catalog at its end.
+def test_a_deploy_adopts_a_warm_spare_replays_exactly_and_keeps_another(
+        spare_settings, service, topic, tmp_path: Path) -> None:
+    settings = spare_settings
+    ours = Orchestrator(settings)
+    spare = _spare(settings)
+    ours.produce_sample(topic, 20_000, seed=41)
+
+    status = ours.deploy(job_file(tmp_path, "v1", topic)).status
+    assert (status.pid, status.attempt) == (spare.pid, 1)
+    ours.wait(JOB, "v1", timeout_s=300)
+    ref = compute(settings.kafka_bootstrap, topic)
+    assert output(settings, f"{JOB}__v1") == ref.v1
+    assert dead_letters(settings, f"{JOB}__v1__dead_letters") == ref.invalid_offsets
+    log_text = Path(ours.status(JOB)[0].log_path or "").read_text()
+    assert f"adopted by {JOB} v1 attempt 1" in log_text
+    assert "first batch of the run, ms by phase" in log_text
+
+    # The adopted spare left the pool; the deploy started its replacement.
+    directory = spares.spare_dir(settings)
+    others = [s for s in spares.spares(directory) if s.pid != spare.pid]
+    assert len(others) == 1 and launcher.is_alive(others[0].pid, others[0].started)
+    assert not (directory / f"{spare.pid}.json").exists()
+
+    # Its JVM's Python processes (the source runner, the daemons) were forked by its zygote.
+    assert _forked_by_zygote(spare.pid) >= 2
+
+    # Stopped, the version's driver (the former spare, JVM and all) is gone.
+    ours.stop(JOB, "v1")
+    wait_until(lambda: not launcher.is_alive(spare.pid, spare.started), 30, "the driver to end")
+
+
+def test_a_spare_whose_settings_differ_is_withdrawn_not_adopted(spare_settings, service, topic,
+                                                                tmp_path: Path) -> None:
+    spare = _spare(spare_settings)
+    other = replace(spare_settings, spark_driver_memory="700m")
+    env = launcher.driver_environment(other)
+    assert spares.fingerprint(other, env) != spare.fingerprint
+    ours = Orchestrator(other)
+    ours.produce_sample(topic, 2_000, seed=42)
+
+    status = ours.deploy(job_file(tmp_path, "v1", topic)).status
+    assert status.pid != spare.pid
+    assert not launcher.is_alive(spare.pid, spare.started)
+    ours.wait(JOB, "v1", timeout_s=300)
+    assert output(other, f"{JOB}__v1") == compute(other.kafka_bootstrap, topic).v1
+
+
+def test_a_spare_nobody_adopts_exits_and_leaves_no_files(spare_settings) -> None:
+    settings = replace(spare_settings, spare_idle_s=1.0)
+    spare = _spare(settings)
+    directory = spares.spare_dir(settings)
+    wait_until(lambda: not launcher.is_alive(spare.pid, spare.started), 60, "the spare to exit")
+    assert sorted(p.name for p in directory.iterdir() if p.name.startswith(f"{spare.pid}.")) \
+        == []
+
