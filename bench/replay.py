@@ -377,7 +377,8 @@ def main() -> int:
     from bench.stack import bench_stack
     from orchestrator.service import Orchestrator
 
-    with bench_stack("replay", durable=args.durable) as (warm_settings, warm, workdir, tag):
+    with bench_stack("replay", durable=args.durable, spares=True) as (
+            warm_settings, warm, workdir, tag):
         # Every replay starts its driver cold, but the one measured on a warm spare.
         settings = replace(warm_settings, warm_spares=0)
         service = Orchestrator(settings)

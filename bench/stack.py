@@ -19,14 +19,15 @@ from psycopg import sql
 from orchestrator.catalog.db import connect
 from orchestrator.service import Orchestrator
 from orchestrator.settings import load_settings
-from orchestrator.spark import spares
+from orchestrator.spark import spares as spare_pool
 
 
 @contextmanager
-def bench_stack(name: str, serving: bool = False, *, durable: bool = False
-                ) -> Iterator[tuple[Any, Orchestrator, Path, str]]:
+def bench_stack(name: str, serving: bool = False, *, durable: bool = False,
+                spares: bool = False) -> Iterator[tuple[Any, Orchestrator, Path, str]]:
     """Yields (settings, service, work directory, tag). The embedded broker keeps its log in
-    memory unless ``durable``: what a benchmark measures is not the log's storage."""
+    memory unless ``durable``: what a benchmark measures is not the log's storage. Drivers
+    start cold unless ``spares``: warm spare drivers are measured where a benchmark says so."""
     workdir = Path(tempfile.mkdtemp(prefix=f"kappa-bench-{name}-"))
     settings = load_settings({"state_dir": str(workdir / "state")}, cwd=workdir)
     own_stack = not (settings.pg_dsn and settings.kafka_bootstrap)
@@ -37,7 +38,8 @@ def bench_stack(name: str, serving: bool = False, *, durable: bool = False
         settings = replace(settings, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap)
     tag = uuid.uuid4().hex[:8]
     # Its own warm spares (bench/warm_start.py), withdrawn at the end.
-    settings = replace(settings, spare_dir=settings.spare_dir or workdir / "spares")
+    settings = replace(settings, spare_dir=settings.spare_dir or workdir / "spares",
+                       warm_spares=settings.warm_spares if spares else 0)
     settings = replace(settings, catalog_schema=f"kappa_bench_{tag}",
                        data_schema=f"kappa_bench_data_{tag}",
                        **({"serving_schema": f"serving_bench_{tag}"} if serving else {}))
@@ -48,7 +50,7 @@ def bench_stack(name: str, serving: bool = False, *, durable: bool = False
         for st in service.status():
             if st.pid:
                 service.stop(st.job, st.version)
-        spares.withdraw_all(settings, state_dir=settings.state_dir)
+        spare_pool.withdraw_all(settings, state_dir=settings.state_dir)
         with connect(settings.pg_dsn or "", autocommit=True) as conn:
             schemas = [settings.catalog_schema, settings.data_schema]
             for schema in schemas + ([settings.serving_schema] if serving else []):

@@ -35,13 +35,10 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
                           restore=restore_into(settings, as_json, restored))
     else:
         status = {"down": stack.down, "status": stack.status}[action](settings.state_dir)
-    spare = _keep_spare(settings, status) if action == "up" else None
-    if action == "down":
-        from orchestrator.spark.launcher import withdraw_spares
-
-        withdraw_spares(settings)
+    spare, waiting = _spares(settings, action, status)
     if as_json:
         shown = _as_json(status)
+        shown["warm_spares"] = [{"pid": w.pid, "ready": w.ready} for w in waiting]
         if action == "up":
             shown["warm_spare_pid"] = spare
         if restored:
@@ -61,6 +58,9 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
               "restores it")
     else:
         print(f"\nlog: {status.storage_text}")
+    if waiting:
+        print("warm spare drivers: " + ", ".join(
+            f"pid {w.pid} ({'ready' if w.ready else 'warming'})" for w in waiting))
     if action == "up":
         if spare is not None:
             print(f"warm spare driver: warming (pid {spare}); the next deploy adopts it "
@@ -101,14 +101,21 @@ def _as_json(status: Any) -> dict[str, Any]:
     }
 
 
-def _keep_spare(settings: Settings, status: Any) -> int | None:
-    """`kappa dev up` keeps one warm spare driver for the stack's services (README)."""
+def _spares(settings: Settings, action: str, status: Any) -> tuple[int | None, list[Any]]:
+    """`kappa dev up` keeps one warm spare driver for the stack's services (README) and `down`
+    withdraws it; (the PID of one started now, the spares waiting)."""
     from dataclasses import replace
 
-    from orchestrator.spark.launcher import keep_spare
+    from orchestrator.spark import launcher
 
-    return keep_spare(replace(settings, pg_dsn=settings.pg_dsn or status.pg_dsn,
-                              kafka_bootstrap=settings.kafka_bootstrap or status.kafka_bootstrap))
+    if action == "down":
+        launcher.withdraw_spares(settings)
+        return None, []
+    started = launcher.keep_spare(replace(
+        settings, pg_dsn=settings.pg_dsn or status.pg_dsn,
+        kafka_bootstrap=settings.kafka_bootstrap or status.kafka_bootstrap)) \
+        if action == "up" else None
+    return started, launcher.waiting_spares(settings)
 
 
 def _stop_drivers(settings: Settings) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
 from orchestrator.spark import cds, spares
 
+logger = logging.getLogger("kappa.launcher")
 # What a task runner sets for its own process; a driver outlives the task, so neither its events
 # nor its environment should carry the task's identity or its connections.
 _TASK_ONLY_ENV = ("AIRFLOW_CTX_", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
@@ -47,7 +49,11 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
     env = driver_environment(settings)
     with open_private(log_path) as log:
         log.write(f"\n=== attempt {attempt} starting at {time.ctime()} ===\n".encode())
-    adopted = spares.adopt(settings, env, job, version, attempt, log_path)
+    try:
+        adopted = spares.adopt(settings, env, job, version, attempt, log_path)
+    except OSError as exc:  # a spare is a shortcut: never a reason for a deploy to fail
+        logger.warning("no warm spare (%s); starting the driver cold", exc)
+        adopted = None
     if adopted is not None:
         pid, started = adopted
     else:
@@ -59,7 +65,10 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
         except psutil.NoSuchProcess:
             started = 0.0
     # The next deploy finds a warm spare; once per machine (JDK, Spark), the class archive.
-    spares.keep(settings, env, after_deploy=True)
+    try:
+        spares.keep(settings, env, after_deploy=True)
+    except OSError as exc:
+        logger.warning("could not start a warm spare driver (%s)", exc)
     cds.build_in_background()
     return DriverProcess(pid, started, log_path)
 
@@ -68,6 +77,12 @@ def keep_spare(settings: Settings) -> int | None:
     """Start a warm spare driver if this host keeps fewer than ``warm_spares`` fitting these
     settings (spark/spares.py); its PID, or None."""
     return spares.keep(settings, driver_environment(settings))
+
+
+def waiting_spares(settings: Settings) -> list[spares.Spare]:
+    """The live spares in the spare directory, ready or warming (`kappa dev status`)."""
+    directory = spares.spare_dir(settings)
+    return [s for s in spares.spares(directory) if is_alive(s.pid, s.started)]
 
 
 def withdraw_spares(settings: Settings) -> int:

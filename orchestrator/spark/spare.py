@@ -27,6 +27,7 @@ from orchestrator.spark.spares import forget
 
 log = logging.getLogger("kappa.spare")
 IDLE_WAIT_S = 120.0
+_LOOK_AROUND_S = 5.0  # how often a waiting spare checks that it is still wanted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         began = time.monotonic()
         spark = _warm_session(settings)
         warm_s = time.monotonic() - began
-        request, conn = _wait_for_deploy(directory, pid, settings.spare_idle_s)
+        request, conn = _wait_for_deploy(directory, pid, settings.spare_idle_s,
+                                         settings.state_dir)
     except BaseException:
         log.exception("the spare failed before a deploy adopted it")
         forget(directory, pid)
@@ -85,8 +87,10 @@ def _warm_session(settings: Any) -> Any:
     return spark
 
 
-def _wait_for_deploy(directory: Path, pid: int, idle_s: float
+def _wait_for_deploy(directory: Path, pid: int, idle_s: float, state_dir: Path
                      ) -> tuple[dict[str, Any] | None, socket.socket | None]:
+    """The deploy's request and its connection; (None, None) once idle for ``idle_s``, or once
+    the socket or the state directory of the deployment that started it was removed."""
     warming, ready = directory / f"{pid}.warming", directory / f"{pid}.sock"
     with contextlib.suppress(FileNotFoundError):
         warming.unlink()
@@ -98,11 +102,15 @@ def _wait_for_deploy(directory: Path, pid: int, idle_s: float
     deadline = time.monotonic() + idle_s
     try:
         while (left := deadline - time.monotonic()) > 0:
-            server.settimeout(left)
+            server.settimeout(min(left, _LOOK_AROUND_S))
             try:
                 conn, _ = server.accept()
             except TimeoutError:
-                break
+                wanted = ready.exists() or (directory / f"{pid}.claimed").exists()
+                if not (wanted and state_dir.exists()):
+                    log.info("%s is gone; exiting", ready if state_dir.exists() else state_dir)
+                    break
+                continue
             conn.settimeout(10.0)
             try:
                 line = conn.makefile("rb").readline()

@@ -123,10 +123,12 @@ def adopt(settings: Settings, env: dict[str, str], job: str, version: str, attem
     for spare in spares(directory):
         if not _alive(spare):
             forget(directory, spare.pid)
+        elif _orphaned(directory, spare):
+            withdraw(directory, spare, "the deployment that started it is gone")
         elif spare.fingerprint != wanted:
             # This deployment's settings changed since it started the spare; another
             # deployment's spares are its own to withdraw.
-            if _state_dir(directory, spare.pid) == str(settings.state_dir):
+            if started_by(directory, spare.pid) == str(settings.state_dir):
                 withdraw(directory, spare, "its settings differ from this deploy's")
         elif spare.ready:
             claim = directory / f"{spare.pid}.claimed"
@@ -169,6 +171,8 @@ def keep(settings: Settings, env: dict[str, str], *, after_deploy: bool = False
     for spare in spares(directory):
         if not _alive(spare):
             forget(directory, spare.pid)
+        elif _orphaned(directory, spare):
+            withdraw(directory, spare, "the deployment that started it is gone")
         elif not (directory / f"{spare.pid}.claimed").exists():
             waiting += 1
             fitting += spare.fingerprint == wanted
@@ -176,6 +180,7 @@ def keep(settings: Settings, env: dict[str, str], *, after_deploy: bool = False
     if fitting >= settings.warm_spares or waiting >= HOST_CAP * settings.warm_spares \
             or not memory_allows(settings):
         return None
+    settings.state_dir.mkdir(parents=True, exist_ok=True)  # the spare lives while it does
     spawn_env = {**env, FINGERPRINT_VARIABLE: wanted}
     pid = spawn_detached([sys.executable, "-m", "orchestrator.spark.spare", "--dir",
                           str(directory), *(["--after-deploy"] if after_deploy else [])],
@@ -226,7 +231,7 @@ def withdraw_all(settings: Settings, state_dir: Path | None = None) -> int:
     directory = spare_dir(settings)
     stopped = 0
     for spare in spares(directory):
-        if state_dir is not None and _state_dir(directory, spare.pid) != str(state_dir):
+        if state_dir is not None and started_by(directory, spare.pid) != str(state_dir):
             continue
         if (directory / f"{spare.pid}.claimed").exists() and _alive(spare):
             continue  # adopted: a version's driver now, stopped with its version
@@ -247,11 +252,19 @@ def wait_ready(settings: Settings, env: dict[str, str], timeout_s: float) -> boo
     return False
 
 
-def _state_dir(directory: Path, pid: int) -> str | None:
+def started_by(directory: Path, pid: int) -> str | None:
+    """The state directory of the deployment that started spare ``pid``."""
     try:
         return str(json.loads((directory / f"{pid}.json").read_text()).get("state_dir"))
     except (OSError, ValueError):
         return None
+
+
+def _orphaned(directory: Path, spare: Spare) -> bool:
+    """Whether the state directory of the deployment that started it was removed: its
+    services went with it (a test's stack, a `kappa dev reset`)."""
+    state_dir = started_by(directory, spare.pid)
+    return bool(state_dir) and not Path(str(state_dir)).exists()
 
 
 def _alive(spare: Spare) -> bool:

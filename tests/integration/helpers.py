@@ -85,12 +85,14 @@ def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
     from orchestrator.dev import stack as dev_stack
     from orchestrator.service import Orchestrator
     from orchestrator.settings import Settings
+    from orchestrator.spark import spares
 
     # mkdtemp, not tmp_path: the embedded server runs as another user (see conftest.stack).
     state = Path(tempfile.mkdtemp(prefix=prefix))
     up = dev_stack.up(state, memory=memory)
     settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
-                        spark_driver_memory="768m", heartbeat_interval_s=1.0)
+                        spark_driver_memory="768m", heartbeat_interval_s=1.0,
+                        spare_dir=state / "spares")
     service = Orchestrator(settings)
     broker = psutil.Process(json.loads((state / "dev" / "stack.json").read_text())["broker_pid"])
     try:
@@ -100,6 +102,7 @@ def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
             broker.resume()
         try:
             stop_drivers(service)
+            spares.withdraw_all(settings)
         finally:
             dev_stack.down(state)
             shutil.rmtree(state, ignore_errors=True)

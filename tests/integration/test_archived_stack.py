@@ -111,8 +111,13 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         # Transaction markers: offsets with no record, which the restore must put back too.
         _ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "152",
             "--transactional")
+        # `kappa dev up` keeps a warm spare driver, which the first deploy adopts.
+        spare = up["warm_spare_pid"]
+        wait_until(lambda: any(w["pid"] == spare and w["ready"]
+                               for w in _stack(state)["warm_spares"]), 240, "the spare to warm")
         path = job_file(tmp_path, "v1", TOPIC)
         _ok(state, "deploy", str(path), "--wait", "--timeout", "300")
+        assert json.loads(_ok(state, "status", "--json"))[0]["pid"] == spare
         wait_until(lambda: _archived(state), 60, "the stack's archiver to reach the log end")
         before = read_records(bootstrap, TOPIC)
 
@@ -167,8 +172,21 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         assert v1["log_gone"]
         refused = _cli(state, "restart", "pageview_counts", "v1")
         assert refused.returncode != 0 and "new VERSION" in refused.stderr
+
+        # `kappa dev down` withdraws the spares this stack's commands started.
+        _ok(state, "dev", "down")
+        assert _spares_started_by(state) == []
     finally:
         _tear_down(state)
+
+
+def _spares_started_by(state: Path) -> list[int]:
+    from orchestrator.settings import Settings
+    from orchestrator.spark import launcher, spares
+
+    directory = spares.spare_dir(Settings())  # the host's, as the commands above had it
+    return [s.pid for s in spares.spares(directory) if launcher.is_alive(s.pid, s.started)
+            and spares.started_by(directory, s.pid) == str(state)]
 
 
 class _Writer:

@@ -100,11 +100,15 @@ def test_a_spare_whose_settings_differ_is_withdrawn_not_adopted(spare_settings, 
     assert output(other, f"{JOB}__v1") == compute(other.kafka_bootstrap, topic).v1
 
 
-def test_a_spare_nobody_adopts_exits_and_leaves_no_files(spare_settings) -> None:
-    settings = replace(spare_settings, spare_idle_s=1.0)
-    spare = _spare(settings)
-    directory = spares.spare_dir(settings)
-    wait_until(lambda: not launcher.is_alive(spare.pid, spare.started), 60, "the spare to exit")
-    assert sorted(p.name for p in directory.iterdir() if p.name.startswith(f"{spare.pid}.")) \
-        == []
-
+def test_a_spare_exits_when_idle_or_unwanted_and_leaves_no_files(spare_settings,
+                                                                   tmp_path: Path) -> None:
+    idle = replace(spare_settings, spare_idle_s=1.0)
+    unwanted = replace(spare_settings, state_dir=tmp_path / "gone")
+    first, second = _spare(idle), _spare(unwanted)
+    directory = spares.spare_dir(idle)
+    shutil.rmtree(unwanted.state_dir)  # its deployment is gone: it is not wanted any more
+    for spare in (first, second):
+        wait_until(lambda s=spare: not launcher.is_alive(s.pid, s.started), 60,
+                   f"spare {spare.pid} to exit")
+        assert sorted(p.name for p in directory.iterdir()
+                      if p.name.startswith(f"{spare.pid}.")) == []

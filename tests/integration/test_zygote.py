@@ -1,0 +1,83 @@
+"""The driver's zygote runs the Python processes that a JVM starts: pyspark's daemon, started
+as Spark starts it (``python -m pyspark.daemon``, the worker site on its path), is forked by the
+zygote and speaks to its starter through the started process's streams; without a zygote it
+starts as before."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.spark.pyspark_path import WORKER_SITE
+from orchestrator.spark.zygote_client import SOCKET_VARIABLE
+
+from conftest import wait_until
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture
+def socket_path() -> Iterator[str]:
+    directory = tempfile.mkdtemp(prefix="kappa-zt-")  # a socket's path stays under 108 bytes
+    try:
+        yield os.path.join(directory, "zygote.sock")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _start_daemon(path: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, SOCKET_VARIABLE: path,
+           "PYTHONPATH": os.pathsep.join([WORKER_SITE, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "pyspark.daemon", "pyspark.worker"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+
+def _port(daemon: subprocess.Popen[bytes]) -> int:
+    assert daemon.stdout is not None
+    (port,) = struct.unpack("!i", daemon.stdout.read(4))
+    return int(port)
+
+
+def _close(daemon: subprocess.Popen[bytes]) -> int:
+    """Close its stdin, as the JVM's end does: the daemon shuts down. Its exit status."""
+    assert daemon.stdin is not None and daemon.stdout is not None
+    daemon.stdin.close()
+    status = daemon.wait(30)
+    daemon.stdout.close()
+    return status
+
+
+def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str) -> None:
+    zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
+                              stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
+        daemon = _start_daemon(socket_path)
+        assert 0 < _port(daemon) < 65536  # written by the forked daemon into the starter's stdout
+        (forked,) = psutil.Process(zygote.pid).children()
+        assert "orchestrator.spark.zygote" in " ".join(forked.cmdline())
+        assert psutil.Process(daemon.pid).children() == []  # the starter only waits
+        # The starter exits with the daemon's own status: the one it has when started alone.
+        plain = _start_daemon(socket_path + ".none")
+        _port(plain)
+        assert _close(daemon) == _close(plain)
+        wait_until(lambda: not psutil.Process(zygote.pid).children(), 30, "the child to end")
+    finally:
+        zygote.terminate()
+        zygote.wait(30)
+
+
+def test_without_a_zygote_the_daemon_starts_as_before(socket_path: str) -> None:
+    daemon = _start_daemon(socket_path)  # nothing listens there
+    assert 0 < _port(daemon) < 65536
+    assert psutil.Process(daemon.pid).name().startswith("python")
+    _close(daemon)
