@@ -64,11 +64,14 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
             started = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             started = 0.0
-    # The next deploy finds a warm spare; once per machine (JDK, Spark), the class archive.
-    try:
-        spares.keep(settings, env, after_deploy=True)
-    except OSError as exc:
-        logger.warning("could not start a warm spare driver (%s)", exc)
+    if adopted is not None:
+        # The spare taken is replaced. Spares are kept for settings that someone keeps them for
+        # (`kappa dev up`, `kappa agent`): a deploy of other settings starts none.
+        try:
+            spares.keep(settings, env, after_deploy=True)
+        except OSError as exc:
+            logger.warning("could not start a warm spare driver (%s)", exc)
+    # Once per machine (JDK, Spark): the next drivers start on the class archive.
     cds.build_in_background()
     return DriverProcess(pid, started, log_path)
 

@@ -49,7 +49,8 @@ OVERHEAD_BYTES = 640 * 2**20
 # of what a spare fixed at start.
 _VOLATILE = ("PWD", "OLDPWD", "_", "SHLVL", "TERM", "COLUMNS", "LINES", "DISPLAY", "MAIL",
              "LS_COLORS", "PS1", "HISTFILE", "WINDOWID", "STY", FINGERPRINT_VARIABLE)
-_VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TMUX", "XDG_SESSION_", "TERM_", "AIRFLOW_CTX_")
+# Airflow's configuration reaches a task's deploy, and neither Spark nor a driver reads it.
+_VOLATILE_PREFIXES = ("PYTEST_", "SSH_", "TMUX", "XDG_SESSION_", "TERM_", "AIRFLOW_")
 
 
 @dataclass(frozen=True)

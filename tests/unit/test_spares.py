@@ -20,7 +20,8 @@ def test_what_a_session_does_not_fix_leaves_the_fingerprint_alone() -> None:
     moved = replace(BASE, state_dir=Path("/tmp/b"), catalog_schema="other", data_schema="d2",
                     max_batch_records=7)
     assert spares.fingerprint(moved, {**ENV, "KAPPA_CATALOG_SCHEMA": "other",
-                                      "PYTEST_CURRENT_TEST": "t", "PWD": "/x"}) == same
+                                      "PYTEST_CURRENT_TEST": "t", "PWD": "/x",
+                                      "AIRFLOW_HOME": "/a", "AIRFLOW__CORE__X": "1"}) == same
 
 
 @pytest.mark.parametrize("change", [
