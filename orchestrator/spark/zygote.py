@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.spark.pyspark_path import is_source_zip
-from orchestrator.spark.zygote_client import HEADER, RUNNER, SOCKET_VARIABLE, STATUS
+from orchestrator.spark.zygote_client import (
+    HASH_SEED_VARIABLE,
+    HEADER,
+    RUNNER,
+    SOCKET_VARIABLE,
+    STATUS,
+)
 
 _PRELOAD = (
     "pyspark", "pyspark.daemon", "pyspark.worker", RUNNER,
@@ -46,10 +52,12 @@ def start() -> subprocess.Popen[bytes]:
     """Start this driver's zygote, and name it in this process's environment, which the JVM
     (started next) and the processes it starts inherit. It ends with the driver."""
     path = str(Path(tempfile.mkdtemp(prefix="kappa-zygote-")) / "zygote.sock")
+    seed = os.environ.get("PYTHONHASHSEED", "0")  # what pyspark gives its workers unless set
     process = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", path],
-                               env={**os.environ, "PYTHONUNBUFFERED": "YES"},
-                               stdin=subprocess.DEVNULL)
+                               env={**os.environ, "PYTHONUNBUFFERED": "YES",
+                                    "PYTHONHASHSEED": seed}, stdin=subprocess.DEVNULL)
     os.environ[SOCKET_VARIABLE] = path
+    os.environ[HASH_SEED_VARIABLE] = seed
     return process
 
 
@@ -123,6 +131,8 @@ def _become(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> Non
                 sys.path.insert(0, entry)
         module = request["module"]
         sys.argv = [module, *request["args"]]
+        # Run afresh as __main__; left in sys.modules, runpy warns that it was imported.
+        sys.modules.pop(module, None)
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0

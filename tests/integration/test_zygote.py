@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from orchestrator.spark.pyspark_path import WORKER_SITE
-from orchestrator.spark.zygote_client import SOCKET_VARIABLE
+from orchestrator.spark.zygote_client import HASH_SEED_VARIABLE, SOCKET_VARIABLE
 
 from conftest import wait_until
 
@@ -34,8 +34,8 @@ def socket_path() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _start_daemon(path: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, SOCKET_VARIABLE: path,
+def _start_daemon(path: str, seed: str = "0") -> subprocess.Popen[bytes]:
+    env = {**os.environ, SOCKET_VARIABLE: path, HASH_SEED_VARIABLE: "0", "PYTHONHASHSEED": seed,
            "PYTHONPATH": os.pathsep.join([WORKER_SITE, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "pyspark.daemon", "pyspark.worker"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -58,7 +58,7 @@ def _close(daemon: subprocess.Popen[bytes]) -> int:
 
 def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str) -> None:
     zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
         daemon = _start_daemon(socket_path)
@@ -81,3 +81,19 @@ def test_without_a_zygote_the_daemon_starts_as_before(socket_path: str) -> None:
     assert 0 < _port(daemon) < 65536
     assert psutil.Process(daemon.pid).name().startswith("python")
     _close(daemon)
+
+
+def test_a_process_asking_for_another_hash_seed_starts_on_its_own(socket_path: str) -> None:
+    """A forked child keeps the zygote's hash seed: one that asks for another is not handed
+    over, or its string hashes would differ from its peers'."""
+    zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
+                              stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
+    try:
+        wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
+        daemon = _start_daemon(socket_path, seed="7")
+        assert 0 < _port(daemon) < 65536
+        assert psutil.Process(zygote.pid).children() == []
+        _close(daemon)
+    finally:
+        zygote.terminate()
+        zygote.wait(30)
