@@ -138,7 +138,7 @@ class Switchboard:
 
     def refresh_views(self, job: str) -> None:
         """After a deploy: give every alias of the job a branch for a new compatible version,
-        so that switching to it later needs no DDL."""
+        so that switching to it later needs no DDL, and a view of an older form this form."""
         schema = self.s.catalog_schema
         for name in aliases.for_job(self.conn, schema, job):
             with self.conn.transaction():
@@ -152,7 +152,8 @@ class Switchboard:
                     continue
                 candidate = deployed.get(routing.candidate) if routing.candidate else None
                 branch = self._branch(primary, deployed, candidate)
-                if {v.version for v in branch} <= set(view_versions):
+                if {v.version for v in branch} <= set(view_versions) and not views.outdated(
+                        self.conn, self.s.serving_schema, name):
                     continue
                 views.define_view(self.conn, catalog_schema=schema,
                                   data_schema=self.s.data_schema,

@@ -23,6 +23,9 @@ from orchestrator.naming import validate_name
 
 LOCK_TIMEOUT_MS = 500
 ATTEMPTS = 40
+# The view's comment names the form of its query: a deploy redefines a view of an older form
+# (the first had the routing row in a WITH), so that an upgrade reaches its readers.
+FORM = "kappa alias view, form 2"
 
 
 def _key_text(keys: Sequence[str]) -> sql.Composable:
@@ -54,30 +57,35 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
             parts.append(sql.SQL("{}::text AS {}").format(sql.Literal(v.version), named))
         return sql.SQL(", ").join(parts)
 
-    # The routing row is read once per statement (a materialized CTE); each branch is gated on
-    # it by a condition without a column of the table, which PostgreSQL evaluates once, before
-    # the scan (a One-Time Filter): a branch that serves nothing is never scanned, and while one
-    # version serves every key its rows pass with no bucket computed.
-    routing = sql.SQL(
-        "WITH r AS MATERIALIZED (SELECT primary_version, candidate_version, percent FROM {} "
-        "WHERE name = {}) ").format(qualified(catalog_schema, "aliases"), sql.Literal(alias))
+    # Each branch is gated by the routing row through scalar subqueries without a column of
+    # the table: PostgreSQL runs each once per statement (an InitPlan), on the statement's one
+    # snapshot, and tests the gate before the scan (a One-Time Filter). So a branch that serves
+    # nothing is never scanned, and while one version serves every key no bucket is computed.
+    # No CTE: it would keep the planner from one Parallel Append over the branches, and a
+    # split branch alone would launch parallel workers even while its gate is false.
+    routing = qualified(catalog_schema, "aliases")
+    name = sql.Literal(alias)
     bucket = sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
                                                  _key_text(spec.key_columns))
     branches = []
     for v in versions:
         table, version = qualified(data_schema, v.output_table), sql.Literal(v.version)
         branches.append(sql.SQL(
-            "SELECT {columns} FROM {table} AS t WHERE EXISTS (SELECT FROM r WHERE "
-            "r.candidate_version IS NULL AND r.primary_version = {version})"
-        ).format(columns=selected(v), table=table, version=version))
+            "SELECT {columns} FROM {table} AS t WHERE (SELECT r.candidate_version IS NULL AND "
+            "r.primary_version = {version} FROM {routing} AS r WHERE r.name = {name})"
+        ).format(columns=selected(v), table=table, version=version, routing=routing,
+                 name=name))
+        # Its keys in a split: buckets [0, percent) as the candidate, [percent, 100) as the
+        # primary.
         branches.append(sql.SQL(
-            "SELECT {columns} FROM {table} AS t WHERE EXISTS (SELECT FROM r WHERE "
-            "r.candidate_version IS NOT NULL AND {version} IN (r.primary_version, "
-            "r.candidate_version)) AND CASE WHEN {bucket} < (SELECT percent FROM r) THEN "
-            "(SELECT candidate_version FROM r) ELSE (SELECT primary_version FROM r) END = "
-            "{version}"
-        ).format(columns=selected(v), table=table, version=version, bucket=bucket))
-    return routing + sql.SQL(" UNION ALL ").join(branches)
+            "SELECT {columns} FROM {table} AS t WHERE (SELECT r.candidate_version IS NOT NULL "
+            "AND {version} IN (r.primary_version, r.candidate_version) FROM {routing} AS r "
+            "WHERE r.name = {name}) AND {bucket} <@ (SELECT CASE WHEN r.candidate_version = "
+            "{version} THEN int4range(0, r.percent) ELSE int4range(r.percent, 100) END FROM "
+            "{routing} AS r WHERE r.name = {name})"
+        ).format(columns=selected(v), table=table, version=version, routing=routing,
+                 name=name, bucket=bucket))
+    return sql.SQL(" UNION ALL ").join(branches)
 
 
 def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: str,
@@ -106,6 +114,7 @@ def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: s
                 if replace_columns:
                     conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
                 conn.execute(sql.SQL("CREATE OR REPLACE VIEW {} AS ").format(view) + body)
+                conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(FORM)))
                 grant_readers(conn, serving_schema, reader_role, alias)
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = 0"))
             return
@@ -119,6 +128,15 @@ def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: s
         f"could not redefine {serving_schema}.{alias}: readers kept it locked through "
         f"{ATTEMPTS} attempts of {LOCK_TIMEOUT_MS} ms; retry when long reader transactions end"
     )
+
+
+def outdated(conn: psycopg.Connection, serving_schema: str, alias: str) -> bool:
+    """Whether the alias's view exists in a form older than this release's."""
+    row = conn.execute(
+        "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c JOIN pg_namespace n ON "
+        "n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'v'",
+        (serving_schema, alias)).fetchone()
+    return row is not None and row[0] != FORM
 
 
 def grant_readers(conn: psycopg.Connection, serving_schema: str, reader_role: str,

@@ -56,6 +56,12 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
         adopted = None
     if adopted is not None:
         pid, started = adopted
+        # The spare taken is replaced. Spares are kept for settings that someone keeps them for
+        # (`kappa dev up`, `kappa agent`): a deploy of other settings starts none.
+        try:
+            spares.keep(settings, env, after_deploy=True)
+        except OSError as exc:
+            logger.warning("could not start a warm spare driver (%s)", exc)
     else:
         pid = spawn_detached(
             [sys.executable, "-m", "orchestrator.spark.driver", "--job", job, "--version",
@@ -64,13 +70,6 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
             started = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             started = 0.0
-    if adopted is not None:
-        # The spare taken is replaced. Spares are kept for settings that someone keeps them for
-        # (`kappa dev up`, `kappa agent`): a deploy of other settings starts none.
-        try:
-            spares.keep(settings, env, after_deploy=True)
-        except OSError as exc:
-            logger.warning("could not start a warm spare driver (%s)", exc)
     # Once per machine (JDK, Spark): the next drivers start on the class archive.
     cds.build_in_background()
     return DriverProcess(pid, started, log_path)
@@ -84,8 +83,7 @@ def keep_spare(settings: Settings) -> int | None:
 
 def waiting_spares(settings: Settings) -> list[spares.Spare]:
     """The live spares in the spare directory, ready or warming (`kappa dev status`)."""
-    directory = spares.spare_dir(settings)
-    return [s for s in spares.spares(directory) if is_alive(s.pid, s.started)]
+    return spares.live_spares(spares.spare_dir(settings))
 
 
 def withdraw_spares(settings: Settings) -> int:

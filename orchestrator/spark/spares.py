@@ -112,6 +112,20 @@ def spares(directory: Path) -> list[Spare]:
     return found
 
 
+def live_spares(directory: Path) -> list[Spare]:
+    """The spares alive in ``directory``, ready, warming or adopted. On the way, the files of
+    dead ones are removed and those whose deployment is gone are withdrawn."""
+    live = []
+    for spare in spares(directory):
+        if not _alive(spare):
+            forget(directory, spare.pid)
+        elif _orphaned(directory, spare):
+            withdraw(directory, spare, "the deployment that started it is gone")
+        else:
+            live.append(spare)
+    return live
+
+
 def adopt(settings: Settings, env: dict[str, str], job: str, version: str, attempt: int,
           log_path: Path) -> tuple[int, float] | None:
     """Hand the version to a warm spare whose fingerprint matches; (pid, create time), or None
@@ -121,12 +135,8 @@ def adopt(settings: Settings, env: dict[str, str], job: str, version: str, attem
         return None
     directory = spare_dir(settings)
     wanted = fingerprint(settings, env)
-    for spare in spares(directory):
-        if not _alive(spare):
-            forget(directory, spare.pid)
-        elif _orphaned(directory, spare):
-            withdraw(directory, spare, "the deployment that started it is gone")
-        elif spare.fingerprint != wanted:
+    for spare in live_spares(directory):
+        if spare.fingerprint != wanted:
             # This deployment's settings changed since it started the spare; another
             # deployment's spares are its own to withdraw.
             if started_by(directory, spare.pid) == str(settings.state_dir):
@@ -168,17 +178,11 @@ def keep(settings: Settings, env: dict[str, str], *, after_deploy: bool = False
         return None
     directory = spare_dir(settings)
     wanted = fingerprint(settings, env)
-    fitting = waiting = 0
-    for spare in spares(directory):
-        if not _alive(spare):
-            forget(directory, spare.pid)
-        elif _orphaned(directory, spare):
-            withdraw(directory, spare, "the deployment that started it is gone")
-        elif not (directory / f"{spare.pid}.claimed").exists():
-            waiting += 1
-            fitting += spare.fingerprint == wanted
+    waiting = [s for s in live_spares(directory)
+               if not (directory / f"{s.pid}.claimed").exists()]
+    fitting = sum(s.fingerprint == wanted for s in waiting)
     # Deployments with other settings keep their own; the host holds a few at most.
-    if fitting >= settings.warm_spares or waiting >= HOST_CAP * settings.warm_spares \
+    if fitting >= settings.warm_spares or len(waiting) >= HOST_CAP * settings.warm_spares \
             or not memory_allows(settings):
         return None
     settings.state_dir.mkdir(parents=True, exist_ok=True)  # the spare lives while it does

@@ -4,9 +4,7 @@ worker site runs it first in every Python process that a driver's JVM starts."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
 import struct
 import sys
 
@@ -34,6 +32,10 @@ def hand_over() -> None:
     at = argv.index("-m")
     if at + 1 >= len(argv) or argv[at + 1] not in MODULES:
         return
+    # Only here: every Python process that a driver's JVM starts runs the lines above.
+    import json
+    import socket
+
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)

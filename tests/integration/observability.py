@@ -31,8 +31,9 @@ def free_port() -> int:
 @contextmanager
 def agent(settings: Any, directory: Path, *args: str, archive: bool = False) -> Iterator[str]:
     """`kappa agent` on a free port; yields its host:port. Its archiver runs only where a
-    test says so: elsewhere it would only take CPU from the drivers under test."""
-    env = dict(os.environ, **settings.driver_environment())
+    test says so, and it keeps no warm spare drivers (test_spares.py tests those): elsewhere
+    they would only take CPU from the drivers under test."""
+    env = {**os.environ, **settings.driver_environment(), "KAPPA_WARM_SPARES": "0"}
     out = directory / "agent.out"
     with open(out, "wb") as sink:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "agent",

@@ -51,6 +51,33 @@ def _rows_hashed(settings, alias: str = JOB) -> int:
     return hashed
 
 
+def _workers_of_idle_branches(settings, alias: str = JOB) -> tuple[int, int]:
+    """(parallel workers planned for a full read of the alias, workers launched under a Gather
+    that scanned no table), with parallel plans made cheap so that these small tables get
+    them (EXPLAIN ANALYZE)."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        for name in ("parallel_setup_cost", "parallel_tuple_cost",
+                     "min_parallel_table_scan_size"):
+            conn.execute(sql.SQL("SET {} = 0").format(sql.Identifier(name)))
+        ((plan,),) = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) "
+                                          "FROM {}.{}").format(
+            sql.Identifier(settings.serving_schema), sql.Identifier(alias))).fetchall()
+
+    def scanned(node: dict) -> bool:
+        return bool(node.get("Relation Name") and node.get("Actual Loops")) or any(
+            scanned(child) for child in node.get("Plans", []))
+
+    planned = idle = 0
+    pending = [plan[0]["Plan"]]
+    while pending:
+        node = pending.pop()
+        pending += node.get("Plans", [])
+        planned += node.get("Workers Planned", 0)
+        if not scanned(node):
+            idle += node.get("Workers Launched", 0)
+    return planned, idle
+
+
 def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_path: Path
                                                  ) -> None:
     from orchestrator.errors import InvalidNameError, KappaError, StateError
@@ -77,8 +104,11 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
     service.promote(JOB, "v1", force=True, reason="first version: nothing served before")
     v1, v2 = output(settings, f"{JOB}__v1"), output(settings, f"{JOB}__v2")
     assert _alias_rows(settings) == v1
-    # One version serves every key: no reader pays for a key's bucket.
+    # One version serves every key: no reader pays for a key's bucket, nor for parallel
+    # workers of a branch that serves nothing.
     assert _rows_hashed(settings) == 0
+    planned, idle = _workers_of_idle_branches(settings)
+    assert planned > 0 and idle == 0, (planned, idle)
 
     report = service.diff(JOB, "v1", "v2")
     assert report.aligned and report.offsets_apart == 0
@@ -162,6 +192,7 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
 
 def test_a_version_that_adds_columns_splits_and_one_that_removes_or_retypes_needs_breaking(
         service, settings, topic, tmp_path: Path) -> None:
+    from orchestrator.aliases import views
     from orchestrator.errors import ConflictError
     from orchestrator.experiment.attribution import key_bucket
     from orchestrator.service import Orchestrator
@@ -222,7 +253,15 @@ def test_a_version_that_adds_columns_splits_and_one_that_removes_or_retypes_need
         'VERSION = "v2"', 'VERSION = "v4"').replace(
         '"total_duration_ms": "bigint"}', '"total_duration_ms": "double precision"}')
     (tmp_path / "v4.py").write_text(v4)
+    # A view of an earlier release's form (its comment names the form) is redefined by the
+    # job's next deploy, even one that gives the view no branch.
+    view = sql.Identifier(settings.serving_schema, JOB)
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("COMMENT ON VIEW {} IS NULL").format(view))
     service.deploy(tmp_path / "v4.py")
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT obj_description(%s::regclass, 'pg_class')",
+                            (f"{settings.serving_schema}.{JOB}",)).fetchone() == (views.FORM,)
     service.wait(JOB, "v4", timeout_s=300)
     assert service.diff(JOB, "v2", "v4").passed
     with pytest.raises(ConflictError, match=r"retyped column\(s\) total_duration_ms bigint -> "

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 
 def _kappa(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, KAPPA_STATE_DIR=str(state_dir))
+    # This stack deploys nothing: a warm spare (test_archived_stack.py) would only take CPU.
+    env = dict(os.environ, KAPPA_STATE_DIR=str(state_dir), KAPPA_WARM_SPARES="0")
     return subprocess.run([str(Path(sys.executable).with_name("kappa")), *args], env=env,
                           capture_output=True, text=True, timeout=180, check=False)
 

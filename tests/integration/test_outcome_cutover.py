@@ -42,7 +42,7 @@ def deployed(stack, tmp_path_factory: pytest.TempPathFactory):
         state_dir=tmp / "state", pg_dsn=stack.pg_dsn, kafka_bootstrap=stack.kafka_bootstrap,
         catalog_schema=f"kappa_{tag}", data_schema=f"data_{tag}",
         serving_schema=f"serving_{tag}", spark_driver_memory="768m", heartbeat_interval_s=1.0,
-        alias_version_column="served_by")
+        alias_version_column="served_by", spare_dir=Path(stack.state_dir) / "spares")
     service = Orchestrator(settings)
     topic = f"pageviews_{tag}"
     service.produce_sample(topic, 4_000, seed=221)
