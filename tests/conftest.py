@@ -200,16 +200,13 @@ def _broker_storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 # The longest tests, longest first: on several workers (scripts/test.sh) they start at once and
 # overlap the short ones, instead of forming a tail. Measured with --durations.
 _LONGEST_FIRST = (
-    "integration/test_airflow.py::test_reprocess_promotes",
-    "integration/test_chaos_stream.py", "integration/test_stream_jobs.py::test_examples",
-    "integration/test_archived_stack.py::test_sigkills", "integration/test_chaos.py",
-    "integration/test_demo.py", "integration/test_retention.py::test_a_version_deployed",
-    "integration/test_airflow_outcomes.py", "integration/test_memory.py",
-    "integration/test_cluster_hosts.py", "integration/test_airflow.py",
+    "integration/test_chaos_stream.py", "integration/test_chaos.py",
+    "integration/test_stream_jobs.py::test_examples", "integration/test_airflow.py",
     "integration/test_replay.py::test_sigkill", "integration/test_promises.py",
     "integration/test_start_outage.py", "integration/test_poison.py",
     "integration/test_exporter_outage.py", "integration/test_standalone_cluster.py",
-    "integration/test_fail_points.py", "integration/test_switch_races.py",
+    "integration/test_demo.py", "integration/test_fail_points.py",
+    "integration/test_switch_races.py", "integration/test_memory.py",
     "integration/test_outcome_cutover.py",
 )
 
