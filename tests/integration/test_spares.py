@@ -44,11 +44,20 @@ def _spare(settings) -> spares.Spare:
     return spare
 
 
+def _is_zygote(process: psutil.Process) -> bool:
+    """Whether it is a zygote itself, not one of its children (they share its command line).
+    A process that has exited meanwhile (a zombie not yet reaped included) is neither."""
+    try:
+        parent = process.parent()
+        return "orchestrator.spark.zygote" in " ".join(process.cmdline()) and (
+            parent is None or "orchestrator.spark.zygote" not in " ".join(parent.cmdline()))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
 def _forked_by_zygote(driver_pid: int) -> int:
-    """How many processes the driver's zygote runs for its JVM (they share its command line)."""
-    processes = psutil.Process(driver_pid).children(recursive=True)
-    zygote = [p for p in processes if "orchestrator.spark.zygote" in " ".join(p.cmdline())
-              and "orchestrator.spark.zygote" not in " ".join(p.parent().cmdline())]
+    """How many processes the driver's zygote runs for its JVM."""
+    zygote = [p for p in psutil.Process(driver_pid).children(recursive=True) if _is_zygote(p)]
     return len(zygote[0].children()) if zygote else 0
 
 
