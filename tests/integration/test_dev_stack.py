@@ -280,8 +280,6 @@ def _cli(state_dir: Path, *args: str, stdin: str | None = None
          ) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("kappa")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
-    # These stacks deploy nothing: a warm spare (test_archived_stack.py) would only take CPU.
-    env["KAPPA_WARM_SPARES"] = "0"
     return subprocess.run([str(exe), "--state-dir", str(state_dir), *args], env=env,
                           capture_output=True, text=True, timeout=120, check=False, input=stdin)
 
