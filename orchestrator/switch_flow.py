@@ -32,9 +32,20 @@ from orchestrator.switch_gates import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.switching import Switchboard, SwitchLag
+    from orchestrator.switching import Switchboard
 
 NEEDS_REASON = "--force needs --reason TEXT, which is recorded in the history"
+
+
+@dataclass(frozen=True)
+class SwitchLag:
+    """A version's lag as a switch judges and records it, and where the figure came from:
+    ``sample`` (the latest lag sample of the current run), ``broker`` (measured for this switch,
+    before any lock) or ``none`` (neither: a rollback never waits for the broker)."""
+
+    records: int | None
+    source: str
+    age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,6 @@ class SwitchRequest:
 
 def run_switch(board: Switchboard, request: SwitchRequest) -> dict[str, Any]:
     """Switch the alias, or raise StateError saying why not and what to run."""
-    from orchestrator.switching import SwitchLag
-
     s, conn = board.s, board.conn
     measured: dict[str, SwitchLag] = {}
     for attempt in (1, 2):
@@ -105,8 +114,6 @@ def _broker_lags_wanted(board: Switchboard, request: SwitchRequest, facts: Switc
 
 
 def _lag(facts: SwitchFacts, measured: dict[str, SwitchLag], name: str) -> SwitchLag:
-    from orchestrator.switching import SwitchLag
-
     if name in measured:
         return measured[name]
     v = facts.versions.get(name)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -32,17 +31,6 @@ log = logging.getLogger("kappa.switching")
 
 # Measures a version's lag against the broker now (None: it cannot be measured against the log).
 MeasureNow = Callable[[DeployedVersion], int | None]
-
-
-@dataclass(frozen=True)
-class SwitchLag:
-    """A version's lag as a switch judges and records it, and where the figure came from:
-    ``sample`` (the latest lag sample of the current run), ``broker`` (measured for this switch,
-    before any lock) or ``none`` (neither: a rollback never waits for the broker)."""
-
-    records: int | None
-    source: str
-    age_s: float | None = None
 
 
 class Switchboard:

@@ -37,10 +37,6 @@ def of_job_query(schema: str) -> sql.Composed:
 
 
 def from_row(row: tuple[Any, ...]) -> DeployedVersion:
-    return _from_row(row)
-
-
-def _from_row(row: tuple[Any, ...]) -> DeployedVersion:
     (vid, _job, _version, fp, source, path, spec, out, dlq, ckpt, group, log_start, created,
      identity) = row
     return DeployedVersion(
@@ -53,7 +49,7 @@ def _from_row(row: tuple[Any, ...]) -> DeployedVersion:
 def find(conn: psycopg.Connection, schema: str, job: str, version: str) -> DeployedVersion | None:
     row = conn.execute(_select(schema, "WHERE v.job = %s AND v.version = %s"),
                        (job, version)).fetchone()
-    return _from_row(row) if row else None
+    return from_row(row) if row else None
 
 
 def get(conn: psycopg.Connection, schema: str, job: str, version: str) -> DeployedVersion:
@@ -78,7 +74,7 @@ def list_all(conn: psycopg.Connection, schema: str, job: str | None = None
     rows = conn.execute(
         _select(schema, "WHERE (%(job)s::text IS NULL OR v.job = %(job)s) ORDER BY v.job, v.id"),
         {"job": job}).fetchall()
-    return [_from_row(r) for r in rows]
+    return [from_row(r) for r in rows]
 
 
 def check_same_code(existing: DeployedVersion, spec: JobSpec) -> None:
@@ -106,7 +102,7 @@ def insert(conn: psycopg.Connection, schema: str, spec: JobSpec, *, output_table
          consumer_group, Jsonb(log_start)),
     ).fetchone()
     assert row is not None
-    version = _from_row((*row, None))
+    version = from_row((*row, None))
     if log_identity is not None:
         version = set_log_identity(conn, schema, version, log_identity)
     with conn.cursor() as cur:
