@@ -24,6 +24,9 @@ from urllib.parse import urlparse
 from orchestrator.models import Offsets
 
 _META = "kappa.json"
+FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
+LOCAL_FILE_MANAGER = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                      "FileSystemBasedCheckpointFileManager")
 
 
 def is_local(location: str) -> bool:
@@ -38,6 +41,20 @@ def _is_uri(location: str) -> bool:
 def local_path(location: str) -> Path:
     parsed = urlparse(location)
     return Path(parsed.path) if parsed.scheme == "file" else Path(location)
+
+
+def write_through_filesystem(spark: Any, location: str) -> None:
+    """Have Spark write a local checkpoint through Hadoop's FileSystem, not its FileContext.
+
+    Without Hadoop's native library (pip's pyspark has none), FileContext checks the rename of
+    each checkpoint file and of its checksum with eight ``readlink`` processes, beside the two
+    ``chmod`` processes that give both their mode: 20 processes per micro-batch for the offset
+    and commit logs alone, more for a state store's files. The FileSystem-based manager starts no
+    ``readlink`` (the ``chmod`` are RawLocalFileSystem's own and stay). On a local disk its
+    rename is FileContext's: both check that the target is absent, then rename. Other
+    checkpoints (``hdfs://``, ...) keep Spark's default."""
+    if is_local(location):
+        spark.conf.set(FILE_MANAGER_CONF, LOCAL_FILE_MANAGER)
 
 
 class Checkpoint:

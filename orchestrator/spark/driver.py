@@ -28,7 +28,7 @@ from orchestrator.logfile import RotatingLog
 from orchestrator.models import Offsets
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.batch_commit import BatchCommit, connect_catalog
-from orchestrator.spark.checkpoint import Checkpoint
+from orchestrator.spark.checkpoint import Checkpoint, write_through_filesystem
 from orchestrator.spark.failures import first_error_line
 from orchestrator.spark.heartbeat import Heartbeat
 from orchestrator.spark.jobcode import load_transform, materialize
@@ -81,6 +81,7 @@ class Driver:
             spark.dataSource.register(KafkaLogSource)
         cores = cluster_cores(s, spark)
         spark.conf.set("spark.sql.shuffle.partitions", str(cores))
+        write_through_filesystem(spark, self.version.checkpoint_dir)
         try:
             transform = load_transform(self.version, code, spark)
         except JobFileError as exc:

@@ -37,3 +37,34 @@ def test_driver_addresses_are_settings() -> None:
     assert conf["spark.driver.host"] == "10.1.2.3"
     assert conf["spark.driver.bindAddress"] == "0.0.0.0"
     assert conf["spark.cores.max"] == "4"
+
+
+class _Conf:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.conf = _Conf()
+
+
+@pytest.mark.parametrize(("location", "through_filesystem"), [
+    ("/var/kappa/checkpoints/job/v1", True), ("file:///var/kappa/checkpoints/job/v1", True),
+    ("hdfs://namenode:8020/kappa/job/v1", False), ("s3a://bucket/kappa/job/v1", False),
+])
+def test_only_local_checkpoints_are_written_through_the_filesystem(
+        location: str, through_filesystem: bool) -> None:
+    from orchestrator.spark.checkpoint import (
+        FILE_MANAGER_CONF,
+        LOCAL_FILE_MANAGER,
+        write_through_filesystem,
+    )
+
+    session = _Session()
+    write_through_filesystem(session, location)
+    expected = {FILE_MANAGER_CONF: LOCAL_FILE_MANAGER} if through_filesystem else {}
+    assert session.conf.values == expected
