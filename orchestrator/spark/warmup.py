@@ -20,7 +20,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 # Imported for the read workers that unpickle this module's reader: they import what a job's
-# read tasks need once, here, not in the job's first batch.
+# read tasks need once, here, not in the job's first batch (an archived log's modules too).
+import orchestrator.archive.parquet_store
+import orchestrator.archive.table_checksum
 import orchestrator.spark.source  # noqa: F401
 
 WARM_UP_SOURCE = "kappa_warm_up"
