@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -101,7 +102,8 @@ class CpuByRole:
 @contextmanager
 def sampled_stacks(pid: int, out: Path, rate: int = 67) -> Iterator[Path]:
     """py-spy records the process and its subprocesses into ``out`` (collapsed stacks)."""
-    exe = shutil.which("py-spy")
+    # The venv's own first: `.venv/bin/python bench/...` runs without the venv on PATH.
+    exe = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if exe is None:
         raise RuntimeError("py-spy is not installed: run '.venv/bin/pip install py-spy'")
     proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--subprocesses", "--format",
