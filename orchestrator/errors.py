@@ -35,6 +35,11 @@ class StateError(KappaError):
     """A state change that the run's state machine does not allow from its current state."""
 
 
+class LagRefusedError(StateError):
+    """A promote or A/B step refused only for its version's lag, unknown now or too far behind:
+    it may pass once the lag is measured or has caught up."""
+
+
 class ServiceUnavailableError(KappaError):
     """PostgreSQL or the Kafka broker cannot be reached: start them (`kappa dev up`) or fix the
     settings."""

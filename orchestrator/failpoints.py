@@ -45,6 +45,7 @@ POINTS = (
     "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
     "source.read",  # a read task (on an executor) is about to read its offset range
     "cutover.after_decision",  # an outcome test's promote committed; its plan has not ended
+    "switch.measure_lag",  # a switch asks the broker for a version's lag ("unreachable": no answer)
     "archive.before_rename",  # a segment is written and synced under its temporary name
     "archive.before_record",  # a segment is in place; the manifest does not hold it yet
 )

@@ -14,6 +14,7 @@ from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import aliases as alias_rows
 from orchestrator.catalog import runs
 from orchestrator.catalog.access import CatalogAccess
+from orchestrator.failpoints import FailPointUnreachableError, fail_point
 from orchestrator.lag import lag_against, log_mismatches
 from orchestrator.models import AliasState, DeployedVersion
 from orchestrator.naming import validate_name
@@ -29,6 +30,10 @@ class SwitchDesk:
         s = self.settings
 
         def measure_now(deployed: DeployedVersion) -> int | None:
+            try:
+                fail_point("switch.measure_lag")
+            except FailPointUnreachableError:
+                return None  # as a broker that did not answer within the timeout
             processed = runs.processed_offsets(conn, s.catalog_schema, deployed.id)
             bounds = monitor.bounds_of(s, deployed, conn)
             if bounds is None or log_mismatches(processed or deployed.log_start, bounds):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import aliases, switch_io
 from orchestrator.catalog.events import actor
-from orchestrator.errors import StateError
+from orchestrator.errors import LagRefusedError, StateError
 from orchestrator.routing import Routing
 from orchestrator.states import RunState
 from orchestrator.switch_gates import (
@@ -165,14 +165,14 @@ def _judge(board: Switchboard, request: SwitchRequest, facts: SwitchFacts, befor
     else:
         target = facts.version(request.target)
         problems = state_problems(job, target)
-        if not problems:
-            problems += lag_problems(job, target, _lag(facts, measured, target.version).records,
-                                     board.s.max_lag_records)
-        problems += validation_problems(facts, target, before.primary)
+        behind = [] if problems else lag_problems(
+            job, target, _lag(facts, measured, target.version).records, board.s.max_lag_records)
+        problems += behind + validation_problems(facts, target, before.primary)
         if problems and not request.force:
             override = "; or override with --force --reason TEXT" \
                 if request.action == "promote" else ""
-            raise StateError(f"{request.refuse}: {'; '.join(problems)}{override}")
+            refusal = LagRefusedError if problems == behind else StateError
+            raise refusal(f"{request.refuse}: {'; '.join(problems)}{override}")
     if problems and not request.reason:
         raise StateError(NEEDS_REASON)
     return bool(problems)

@@ -25,6 +25,7 @@ from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.lag import LagState, Thresholds
 from orchestrator.models import VersionLag
 from orchestrator.naming import validate_name
+from orchestrator.plan.lag_wait import switch_when_lag_allows
 from orchestrator.plan.stages import Experiment, Ramp, Stage, Validate, build, from_json, to_json
 
 Say = Callable[[str], None]
@@ -200,10 +201,12 @@ class Cutover:
             return
         reason = f"cutover plan {self.plan_id}: {percent} %"
         if percent == 100:
-            self.service.promote(self.job, self.version, self.alias, reason=reason)
+            switch_when_lag_allows(lambda: self.service.promote(
+                self.job, self.version, self.alias, reason=reason), self.say)
         else:
-            self.service.ab(self.job, self.version, percent, self.alias, reason=reason,
-                            breaking=self.breaking)
+            switch_when_lag_allows(lambda: self.service.ab(
+                self.job, self.version, percent, self.alias, reason=reason,
+                breaking=self.breaking), self.say)
 
     def _soak(self, seconds: float) -> None:
         baseline = self._baseline()

@@ -28,6 +28,7 @@ from orchestrator.experiment.policy import Judgement, Verdict
 from orchestrator.experiment.sequential import Stratum, arm_interval
 from orchestrator.failpoints import fail_point
 from orchestrator.metrics.promql import PrometheusOutcomes, PromQLError
+from orchestrator.plan.lag_wait import switch_when_lag_allows
 
 Say = Callable[[str], None]
 _DECISIONS = {Verdict.PROMOTE.value, Verdict.ROLL_BACK.value}
@@ -107,9 +108,8 @@ class ExperimentRunner:
                                  f"{look.decision.reason}")
             if verdict == Verdict.PROMOTE:
                 self._decided(number, look, evidence)
-                host.service.promote(host.job, host.version, host.alias,
-                                     reason=f"cutover plan {host.plan_id}, look {number}: "
-                                     f"{look.decision.reason}")
+                self._promote(f"cutover plan {host.plan_id}, look {number}: "
+                              f"{look.decision.reason}")
                 fail_point("cutover.after_decision")
                 return None
             if look.percent != percent:
@@ -127,9 +127,12 @@ class ExperimentRunner:
                              f"{look['reason']}")
         info = host._serving()
         if not (info["primary"] == host.version and not info["candidate"]):
-            host.service.promote(host.job, host.version, host.alias,
-                                 reason=f"cutover plan {host.plan_id}, look {number}: "
-                                 f"{look['reason']}")
+            self._promote(f"cutover plan {host.plan_id}, look {number}: {look['reason']}")
+
+    def _promote(self, reason: str) -> None:
+        host = self.host
+        switch_when_lag_allows(lambda: host.service.promote(
+            host.job, host.version, host.alias, reason=reason), host.say)
 
     def _start(self) -> dict[str, Any]:
         """The first A/B switch, and look 0 at the instant it committed."""
@@ -156,9 +159,10 @@ class ExperimentRunner:
         info = host._serving()
         if info["candidate"] == host.version and info["percent"] == percent:
             return
-        host.service.ab(host.job, host.version, percent, host.alias,
-                        reason=reason or f"cutover plan {host.plan_id}: the share of the last "
-                                         f"look, {percent} %", breaking=host.breaking)
+        why = reason or f"cutover plan {host.plan_id}: the share of the last look, {percent} %"
+        switch_when_lag_allows(lambda: host.service.ab(
+            host.job, host.version, percent, host.alias, reason=why, breaking=host.breaking),
+            host.say)
 
     def _look(self, metrics: Sequence[OutcomeMetric], baseline: str, started: datetime,
               at: datetime, percent: int, evidence_at: datetime
