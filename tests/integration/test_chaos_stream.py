@@ -35,20 +35,17 @@ def _wait_for_death(service, pid: int, why: str, timeout_s: float) -> None:
     """Wait for the driver ``pid`` to end. The process is pinned by its create time: with
     32,768 PIDs, which the suite's JVM threads go through in minutes, a bare PID can name
     another process by the time it is polled. On timeout, what the driver was doing is printed."""
+    from orchestrator.spark import launcher
+
     try:
         driver = psutil.Process(pid)
+        started = driver.create_time()
     except psutil.NoSuchProcess:
         return
-
-    def gone() -> bool:
-        try:
-            return not driver.is_running() or driver.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
     began = time.monotonic()
     try:
-        wait_until(gone, timeout_s, f"the driver to die ({why})")
+        wait_until(lambda: not launcher.is_alive(pid, started), timeout_s,
+                   f"the driver to die ({why})")
         print(f"driver {pid} ended {time.monotonic() - began:.1f}s after the {why}")
     except AssertionError:
         st = service.version_status(JOB, "v1")
