@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator import failpoints
 from orchestrator.errors import ConfigError
 from orchestrator.failpoints import (
+    POINTS,
     FailPointError,
     FailPointUnreachableError,
     Term,
@@ -77,3 +80,10 @@ def test_parse_reads_every_point() -> None:
         "driver.measure_lag": (Term("raise", None),),
         "quarantine.try": (Term("sleep", 1, 250),),
     }
+
+
+def test_the_readme_lists_every_point() -> None:
+    """An operator learns the points from the README: one the code checks must be there."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = readme[readme.index("**Fail points.**"):]
+    assert [p for p in POINTS if f"`{p}`" not in listed] == []
