@@ -9,6 +9,12 @@ connections, in 4 processes of their own, query the alias continuously (a quarte
 their transactions open for 1-3 s), and a lag sample is taken every second as `kappa agent`
 does, while SWITCHES A/B steps, promotes and rollbacks run.
 Prints switch latency (p50, p99, max) and the longest reader statement against the median one.
+
+Two limits measured in the same run say what the switch itself costs on a busy machine: after
+each switch, two round trips that do nothing (``BEGIN; SELECT 1`` and ``SELECT 1; COMMIT``, each
+one pipeline, as a switch's two) on a connection of their own, so that a switch's time can be read
+against the time any two round trips take under the same readers; and the longest reader statement
+that overlapped no switch, against the longest that overlapped one.
 The integration test runs the same scenario with assertions. With --reader-cost, it also runs
 bench/alias_cost.py's measurement in the same stack: what a reader's statement pays through the
 alias, at 0 %, 10 % and 100 %.
@@ -16,6 +22,7 @@ alias, at 0 %, 10 % and 100 %.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import random
@@ -36,42 +43,100 @@ CYCLE = (("ab", 10), ("ab", 50), ("promote", 100), ("rollback", 0))
 class Outcome:
     switch_seconds: list[float] = field(default_factory=list)
     statement_seconds: list[float] = field(default_factory=list)
+    # (start, seconds) on CLOCK_MONOTONIC, which every process of the machine shares.
+    switch_spans: list[tuple[float, float]] = field(default_factory=list)
+    statement_spans: list[tuple[float, float]] = field(default_factory=list)
+    # Two round trips that do nothing, after each switch: the machine's floor for a switch.
+    floor_seconds: list[float] = field(default_factory=list)
     statements: int = 0
     reader_errors: list[str] = field(default_factory=list)
     duplicate_keys: int = 0
     stale_after_switch: list[str] = field(default_factory=list)
     # Per switch: time its thread and its PostgreSQL backend spent runnable but not running.
     runqueue_seconds: list[float] = field(default_factory=list)
+    # Per switch: CPU time its thread and its backend used (schedstat's first field).
+    cpu_seconds: list[float] = field(default_factory=list)
+    floor_runqueue_seconds: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         sw = sorted(self.switch_seconds)
         st = sorted(self.statement_seconds)
+        floor = sorted(self.floor_seconds)
+        during, outside = split_by_overlap(self.statement_spans, self.switch_spans)
         return {
             "switches": len(sw),
-            "switch_p50_ms": round(1000 * statistics.median(sw), 2),
-            "switch_p99_ms": round(1000 * sw[max(0, int(len(sw) * 0.99) - 1)], 2),
-            "switch_max_ms": round(1000 * sw[-1], 2),
+            "switch_p50_ms": _ms(statistics.median(sw)),
+            "switch_p99_ms": _ms(p99(sw)),
+            "switch_max_ms": _ms(sw[-1]),
+            "floor_two_round_trips_p50_ms": _ms(statistics.median(floor)) if floor else None,
+            "floor_two_round_trips_p99_ms": _ms(p99(floor)) if floor else None,
+            "switch_p99_over_floor_p99": round(p99(sw) / p99(floor), 2) if floor else None,
             "reader_statements": self.statements,
             # None with --readers 0: the switch's own cost, nothing competing with it.
-            "reader_statement_p50_ms": round(1000 * statistics.median(st), 2) if st else None,
-            "longest_reader_statement_ms": round(1000 * st[-1], 2) if st else None,
+            "reader_statement_p50_ms": _ms(statistics.median(st)) if st else None,
+            "longest_reader_statement_ms": _ms(st[-1]) if st else None,
+            "longest_reader_statement_during_a_switch_ms": _ms(max(during)) if during else None,
+            "longest_reader_statement_outside_switches_ms": _ms(max(outside)) if outside
+            else None,
             "switch_runqueue_wait_p50_ms": round(1000 * statistics.median(self.runqueue_seconds),
                                                  2) if self.runqueue_seconds else None,
             "switch_time_share_waiting_for_a_cpu": round(
                 sum(self.runqueue_seconds) / sum(sw), 3) if self.runqueue_seconds else None,
+            "switch_cpu_p50_ms": _ms(statistics.median(self.cpu_seconds))
+            if self.cpu_seconds else None,
+            "floor_runqueue_wait_p50_ms": _ms(statistics.median(self.floor_runqueue_seconds))
+            if self.floor_runqueue_seconds else None,
             "reader_errors": len(self.reader_errors),
             "duplicate_keys_seen": self.duplicate_keys,
             "stale_reads_after_switch": len(self.stale_after_switch),
         }
 
 
-def runqueue_wait_s(*schedstats: str) -> float:
-    """Seconds these threads have waited on a run queue (Linux schedstat's second field)."""
-    total = 0
+def _ms(seconds: float) -> float:
+    return round(1000 * seconds, 2)
+
+
+def p99(ordered: list[float]) -> float:
+    return ordered[max(0, int(len(ordered) * 0.99) - 1)]
+
+
+def split_by_overlap(spans: list[tuple[float, float]], windows: list[tuple[float, float]]
+                     ) -> tuple[list[float], list[float]]:
+    """The durations of ``spans`` that overlap one of ``windows`` (which do not overlap each
+    other), and of those that overlap none; both given as (start, seconds)."""
+    windows = sorted(windows)
+    starts = [w[0] for w in windows]
+    during: list[float] = []
+    outside: list[float] = []
+    for start, seconds in spans:
+        # Of the windows starting before the span ends, the last one also ends last (they are
+        # disjoint): if any of them reaches into the span, it does.
+        i = bisect.bisect_left(starts, start + seconds) - 1
+        overlaps = i >= 0 and windows[i][0] + windows[i][1] > start
+        (during if overlaps else outside).append(seconds)
+    return during, outside
+
+
+def two_round_trips(conn: psycopg.Connection) -> None:
+    """A switch's two round trips with nothing in them: the floor under the same load."""
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        first = conn.execute("SELECT 1")
+    with conn.pipeline():
+        second = conn.execute("SELECT 1")
+        conn.execute("COMMIT")
+    assert first.fetchone() == second.fetchone() == (1,)
+
+
+def scheduled_s(*schedstats: str) -> tuple[float, float]:
+    """Seconds these threads have run on a CPU and waited on a run queue (Linux schedstat)."""
+    ran = waited = 0
     for path in schedstats:
         with open(path) as f:
-            total += int(f.read().split()[1])
-    return total / 1e9
+            fields = f.read().split()
+        ran += int(fields[0])
+        waited += int(fields[1])
+    return ran / 1e9, waited / 1e9
 
 
 def bucket(key: str) -> int:
@@ -117,6 +182,7 @@ def _reader_process(dsn: str, serving_schema: str, job: str, indexes: list[int],
                         with lock:
                             outcome.statements += 1
                             outcome.statement_seconds.append(elapsed)
+                            outcome.statement_spans.append((began, elapsed))
                             outcome.duplicate_keys += len(dupes)
                         if not holder or time.monotonic() - began_tx > rng.uniform(1, 3) \
                                 or stop.is_set():
@@ -181,10 +247,13 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
         backend = board.conn.info.backend_pid
     waits = ("/proc/thread-self/schedstat", f"/proc/{backend}/schedstat")
     try:
-        with psycopg.connect(dsn, autocommit=True) as verify:
+        with psycopg.connect(dsn, autocommit=True) as verify, \
+                psycopg.connect(dsn, autocommit=True) as probe:
+            probe_waits = ("/proc/thread-self/schedstat",
+                           f"/proc/{probe.info.backend_pid}/schedstat")
             for i in range(switches):
                 action, percent = CYCLE[i % len(CYCLE)]
-                waited = runqueue_wait_s(*waits)
+                ran, waited = scheduled_s(*waits)
                 began = time.monotonic()
                 if action == "ab":
                     service.ab(job, "v2", percent, reason=f"bench step {i}")
@@ -193,7 +262,15 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                 else:
                     service.rollback(job, reason=f"bench step {i}")
                 outcome.switch_seconds.append(time.monotonic() - began)
-                outcome.runqueue_seconds.append(runqueue_wait_s(*waits) - waited)
+                outcome.switch_spans.append((began, outcome.switch_seconds[-1]))
+                ran_after, waited_after = scheduled_s(*waits)
+                outcome.runqueue_seconds.append(waited_after - waited)
+                outcome.cpu_seconds.append(ran_after - ran)
+                _, waited = scheduled_s(*probe_waits)
+                began = time.monotonic()
+                two_round_trips(probe)
+                outcome.floor_seconds.append(time.monotonic() - began)
+                outcome.floor_runqueue_seconds.append(scheduled_s(*probe_waits)[1] - waited)
                 # A statement that starts after the switch returned sees the new routing.
                 served = {r[0]: tuple(r[1:]) for r in verify.execute(sql.SQL(
                     "SELECT url, views, total_duration_ms FROM {}").format(alias)).fetchall()}
@@ -211,6 +288,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
             part = results.get(timeout=60)
             outcome.statements += part.statements
             outcome.statement_seconds += part.statement_seconds
+            outcome.statement_spans += part.statement_spans
             outcome.duplicate_keys += part.duplicate_keys
             outcome.reader_errors += part.reader_errors
         for p in processes:

@@ -20,9 +20,11 @@ _COLUMNS = (
     "id, job, version, fingerprint, source, file_path, spec, output_table, dead_letter_table, "
     "checkpoint_dir, consumer_group, log_start, created_at"
 )
-# The version and the log it reads (kept apart: job_versions is immutable).
-_SELECT = ("SELECT " + ", ".join(f"v.{c.strip()}" for c in _COLUMNS.split(","))
-           + ", l.identity FROM {} v LEFT JOIN {} l ON l.version_id = v.id ")
+# The version (v) and the log it reads (l; kept apart: job_versions is immutable), as
+# ``from_row`` reads them.
+ROW_COLUMNS = ", ".join(f"v.{c.strip()}" for c in _COLUMNS.split(",")) + ", l.identity"
+ROW_WIDTH = ROW_COLUMNS.count(",") + 1
+_SELECT = "SELECT " + ROW_COLUMNS + " FROM {} v LEFT JOIN {} l ON l.version_id = v.id "
 
 
 def _select(schema: str, where: str) -> sql.Composed:
@@ -30,13 +32,8 @@ def _select(schema: str, where: str) -> sql.Composed:
                                            qualified(schema, "version_logs"))
 
 
-def of_job_query(schema: str) -> sql.Composed:
-    """Every version of one job (the parameter), oldest first: for a caller that pipelines it
-    with other statements and reads the rows with ``from_row``."""
-    return _select(schema, "WHERE v.job = %s ORDER BY v.id")
-
-
 def from_row(row: tuple[Any, ...]) -> DeployedVersion:
+    """The version of a row of ``ROW_COLUMNS``."""
     (vid, _job, _version, fp, source, path, spec, out, dlq, ckpt, group, log_start, created,
      identity) = row
     return DeployedVersion(

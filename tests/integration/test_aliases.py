@@ -80,7 +80,7 @@ def _workers_of_idle_branches(settings, alias: str = JOB) -> tuple[int, int]:
 
 def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_path: Path
                                                  ) -> None:
-    from orchestrator.errors import InvalidNameError, KappaError, StateError
+    from orchestrator.errors import InvalidNameError, KappaError, NotFoundError, StateError
     from orchestrator.service import Orchestrator
 
     tag = uuid.uuid4().hex[:8]
@@ -92,6 +92,10 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
     for version in ("v1", "v2"):
         service.wait(JOB, version, timeout_s=300)
 
+    with pytest.raises(NotFoundError, match=f"job '{JOB}' has no version 'v9': `kappa status"):
+        service.promote(JOB, "v9")
+    with pytest.raises(NotFoundError, match="unknown job 'nosuch': `kappa status` lists"):
+        service.ab("nosuch", "v1", 10)
     with pytest.raises(StateError, match="no validation"):
         service.promote(JOB, "v1")
     with pytest.raises(StateError, match="--reason"):
