@@ -14,7 +14,8 @@ Two limits measured in the same run say what the switch itself costs on a busy m
 each switch, two round trips that do nothing (``BEGIN; SELECT 1`` and ``SELECT 1; COMMIT``, each
 one pipeline, as a switch's two) on a connection of their own, so that a switch's time can be read
 against the time any two round trips take under the same readers; and the longest reader statement
-that overlapped no switch, against the longest that overlapped one.
+while the switches ran, against the longest in as long again with the same readers and no
+switch.
 The integration test runs the same scenario with assertions. With --reader-cost, it also runs
 bench/alias_cost.py's measurement in the same stack: what a reader's statement pays through the
 alias, at 0 %, 10 % and 100 %.
@@ -22,7 +23,6 @@ alias, at 0 %, 10 % and 100 %.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import random
@@ -44,8 +44,12 @@ class Outcome:
     switch_seconds: list[float] = field(default_factory=list)
     statement_seconds: list[float] = field(default_factory=list)
     # (start, seconds) on CLOCK_MONOTONIC, which every process of the machine shares.
-    switch_spans: list[tuple[float, float]] = field(default_factory=list)
     statement_spans: list[tuple[float, float]] = field(default_factory=list)
+    # The switches' phase, then as long with the same readers and no switch: the limit the
+    # longest reader statement is read against (a statement that overlapped a switch is
+    # likelier to be a long one, so comparing those with the rest would be biased).
+    switching_phase: tuple[float, float] | None = None
+    quiet_phase: tuple[float, float] | None = None
     # Two round trips that do nothing, after each switch: the machine's floor for a switch.
     floor_seconds: list[float] = field(default_factory=list)
     statements: int = 0
@@ -62,7 +66,8 @@ class Outcome:
         sw = sorted(self.switch_seconds)
         st = sorted(self.statement_seconds)
         floor = sorted(self.floor_seconds)
-        during, outside = split_by_overlap(self.statement_spans, self.switch_spans)
+        with_switches = longest_begun_in(self.statement_spans, self.switching_phase)
+        without = longest_begun_in(self.statement_spans, self.quiet_phase)
         return {
             "switches": len(sw),
             "switch_p50_ms": _ms(statistics.median(sw)),
@@ -75,9 +80,10 @@ class Outcome:
             # None with --readers 0: the switch's own cost, nothing competing with it.
             "reader_statement_p50_ms": _ms(statistics.median(st)) if st else None,
             "longest_reader_statement_ms": _ms(st[-1]) if st else None,
-            "longest_reader_statement_during_a_switch_ms": _ms(max(during)) if during else None,
-            "longest_reader_statement_outside_switches_ms": _ms(max(outside)) if outside
-            else None,
+            "longest_reader_statement_while_switching_ms": _ms(with_switches)
+            if with_switches is not None else None,
+            "longest_reader_statement_in_as_long_without_switches_ms": _ms(without)
+            if without is not None else None,
             "switch_runqueue_wait_p50_ms": round(1000 * statistics.median(self.runqueue_seconds),
                                                  2) if self.runqueue_seconds else None,
             "switch_time_share_waiting_for_a_cpu": round(
@@ -100,21 +106,15 @@ def p99(ordered: list[float]) -> float:
     return ordered[max(0, int(len(ordered) * 0.99) - 1)]
 
 
-def split_by_overlap(spans: list[tuple[float, float]], windows: list[tuple[float, float]]
-                     ) -> tuple[list[float], list[float]]:
-    """The durations of ``spans`` that overlap one of ``windows`` (which do not overlap each
-    other), and of those that overlap none; both given as (start, seconds)."""
-    windows = sorted(windows)
-    starts = [w[0] for w in windows]
-    during: list[float] = []
-    outside: list[float] = []
-    for start, seconds in spans:
-        # Of the windows starting before the span ends, the last one also ends last (they are
-        # disjoint): if any of them reaches into the span, it does.
-        i = bisect.bisect_left(starts, start + seconds) - 1
-        overlaps = i >= 0 and windows[i][0] + windows[i][1] > start
-        (during if overlaps else outside).append(seconds)
-    return during, outside
+def longest_begun_in(spans: list[tuple[float, float]], phase: tuple[float, float] | None
+                     ) -> float | None:
+    """The longest of the ``spans`` (start, seconds) that began within ``phase`` (start,
+    seconds); None if none did."""
+    if phase is None:
+        return None
+    began, seconds = phase
+    inside = [s for start, s in spans if began <= start < began + seconds]
+    return max(inside) if inside else None
 
 
 def two_round_trips(conn: psycopg.Connection) -> None:
@@ -251,6 +251,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                 psycopg.connect(dsn, autocommit=True) as probe:
             probe_waits = ("/proc/thread-self/schedstat",
                            f"/proc/{probe.info.backend_pid}/schedstat")
+            switching_began = time.monotonic()
             for i in range(switches):
                 action, percent = CYCLE[i % len(CYCLE)]
                 ran, waited = scheduled_s(*waits)
@@ -262,7 +263,6 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                 else:
                     service.rollback(job, reason=f"bench step {i}")
                 outcome.switch_seconds.append(time.monotonic() - began)
-                outcome.switch_spans.append((began, outcome.switch_seconds[-1]))
                 ran_after, waited_after = scheduled_s(*waits)
                 outcome.runqueue_seconds.append(waited_after - waited)
                 outcome.cpu_seconds.append(ran_after - ran)
@@ -281,6 +281,15 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                     expected = tables["v2" if action == "promote" else "v1"]
                 if served != expected:
                     outcome.stale_after_switch.append(f"switch {i} ({action} {percent})")
+            outcome.switching_phase = (switching_began, time.monotonic() - switching_began)
+            # As long again: the same readers, the same empty round trips and reads of the
+            # alias, and no switch.
+            quiet_began = time.monotonic()
+            while time.monotonic() - quiet_began < outcome.switching_phase[1]:
+                two_round_trips(probe)
+                verify.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}").format(
+                    alias)).fetchall()
+            outcome.quiet_phase = (quiet_began, time.monotonic() - quiet_began)
     finally:
         stop.set()
         sampling.set()
