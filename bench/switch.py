@@ -202,6 +202,19 @@ def _reader_process(dsn: str, serving_schema: str, job: str, indexes: list[int],
     results.put(outcome)
 
 
+def _sampler_process(settings: Any, job: str, stop: Any) -> None:
+    """What `kappa agent` does: a lag sample every second, which the switches then read
+    instead of asking the broker."""
+    from orchestrator.service import Orchestrator
+
+    agent = Orchestrator(settings)
+    try:
+        while not stop.wait(1.0):
+            agent.lag(job)
+    finally:
+        agent.close()
+
+
 def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                  readers: int = 32, seed: int = 7) -> Outcome:
     """v1 and v2 must be caught up on a topic that receives nothing more, validated, and the
@@ -211,30 +224,20 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
     outcome = Outcome()
     spawn = multiprocessing.get_context("spawn")
     stop, results, started = spawn.Event(), spawn.Queue(), spawn.Value("i", 0)
-    sampling = threading.Event()
+    sampling = spawn.Event()
     dsn = settings.pg_dsn
     alias = sql.SQL("{}.{}").format(sql.Identifier(settings.serving_schema), sql.Identifier(job))
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = {v: _rows(conn, settings.data_schema, f"{job}__{v}") for v in ("v1", "v2")}
-
-    def sampler() -> None:
-        """What `kappa agent` does: a lag sample every second, which the switches then read
-        instead of asking the broker."""
-        from orchestrator.service import Orchestrator
-
-        agent = Orchestrator(settings)
-        try:
-            while not sampling.wait(1.0):
-                agent.lag(job)
-        finally:
-            agent.close()
 
     groups = [list(range(i, readers, READER_PROCESSES)) for i in range(READER_PROCESSES)]
     processes = [spawn.Process(target=_reader_process, daemon=True,
                                args=(dsn, settings.serving_schema, job, g, seed, stop, results,
                                      started))
                  for g in groups if g]
-    agent = threading.Thread(target=sampler, daemon=True)
+    # A process of its own, as `kappa agent` is: a thread here would hold the switching
+    # process's GIL while it samples, and the switches would wait for it.
+    agent = spawn.Process(target=_sampler_process, args=(settings, job, sampling), daemon=True)
     service.lag(job)  # the first samples, before the first switch
     for p in processes:
         p.start()
