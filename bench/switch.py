@@ -50,6 +50,8 @@ class Outcome:
     # likelier to be a long one, so comparing those with the rest would be biased).
     switching_phase: tuple[float, float] | None = None
     quiet_phase: tuple[float, float] | None = None
+    # Switches that found no fresh lag sample and asked the broker (their events' lag_from).
+    asked_the_broker: int | None = None
     # Two round trips that do nothing, after each switch: the machine's floor for a switch.
     floor_seconds: list[float] = field(default_factory=list)
     statements: int = 0
@@ -92,6 +94,7 @@ class Outcome:
             if self.cpu_seconds else None,
             "floor_runqueue_wait_p50_ms": _ms(statistics.median(self.floor_runqueue_seconds))
             if self.floor_runqueue_seconds else None,
+            "switches_that_asked_the_broker": self.asked_the_broker,
             "reader_errors": len(self.reader_errors),
             "duplicate_keys_seen": self.duplicate_keys,
             "stale_reads_after_switch": len(self.stale_after_switch),
@@ -306,7 +309,19 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
         for p in processes:
             p.join(30)
         agent.join(30)
+    outcome.asked_the_broker = asked_the_broker(settings, job)
     return outcome
+
+
+def asked_the_broker(settings: Any, job: str) -> int:
+    """The bench's switches whose event says a lag came from the broker, not a sample."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {}.events WHERE job = %s AND kind LIKE 'alias\\_%%' "
+            "AND detail ->> 'reason' LIKE 'bench step %%' AND EXISTS (SELECT FROM "
+            "jsonb_each_text(detail -> 'lag_from') f WHERE f.value = 'broker')").format(
+            sql.Identifier(settings.catalog_schema)), (job,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def prepare(service: Any, job: str) -> None:
