@@ -52,6 +52,7 @@ class Outcome:
     quiet_phase: tuple[float, float] | None = None
     # Switches that found no fresh lag sample and asked the broker (their events' lag_from).
     asked_the_broker: int | None = None
+    sampler_exit_code: int | None = None  # not 0: the lag sampler failed (its stderr says why)
     # Two round trips that do nothing, after each switch: the machine's floor for a switch.
     floor_seconds: list[float] = field(default_factory=list)
     statements: int = 0
@@ -95,6 +96,7 @@ class Outcome:
             "floor_runqueue_wait_p50_ms": _ms(statistics.median(self.floor_runqueue_seconds))
             if self.floor_runqueue_seconds else None,
             "switches_that_asked_the_broker": self.asked_the_broker,
+            "lag_sampler_exit_code": self.sampler_exit_code,
             "reader_errors": len(self.reader_errors),
             "duplicate_keys_seen": self.duplicate_keys,
             "stale_reads_after_switch": len(self.stale_after_switch),
@@ -288,10 +290,11 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                 if served != expected:
                     outcome.stale_after_switch.append(f"switch {i} ({action} {percent})")
             outcome.switching_phase = (switching_began, time.monotonic() - switching_began)
-            # As long again: the same readers, the same empty round trips and reads of the
-            # alias, and no switch.
+            # As long again at the same pace: each switch's time waited out instead, then the
+            # same empty round trips and read of the alias; no switch.
             quiet_began = time.monotonic()
-            while time.monotonic() - quiet_began < outcome.switching_phase[1]:
+            for seconds in outcome.switch_seconds:
+                time.sleep(seconds)
                 two_round_trips(probe)
                 verify.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}").format(
                     alias)).fetchall()
@@ -309,6 +312,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
         for p in processes:
             p.join(30)
         agent.join(30)
+        outcome.sampler_exit_code = agent.exitcode
     outcome.asked_the_broker = asked_the_broker(settings, job)
     return outcome
 

@@ -23,7 +23,7 @@ _COLUMNS = (
 # The version (v) and the log it reads (l; kept apart: job_versions is immutable), as
 # ``from_row`` reads them.
 ROW_COLUMNS = ", ".join(f"v.{c.strip()}" for c in _COLUMNS.split(",")) + ", l.identity"
-ROW_WIDTH = ROW_COLUMNS.count(",") + 1
+ROW_WIDTH = len(_COLUMNS.split(",")) + 1
 _SELECT = "SELECT " + ROW_COLUMNS + " FROM {} v LEFT JOIN {} l ON l.version_id = v.id "
 
 
