@@ -42,7 +42,6 @@ CYCLE = (("ab", 10), ("ab", 50), ("promote", 100), ("rollback", 0))
 @dataclass
 class Outcome:
     switch_seconds: list[float] = field(default_factory=list)
-    statement_seconds: list[float] = field(default_factory=list)
     # (start, seconds) on CLOCK_MONOTONIC, which every process of the machine shares.
     statement_spans: list[tuple[float, float]] = field(default_factory=list)
     # The switches' phase, then as long with the same readers and no switch: the limit the
@@ -64,6 +63,10 @@ class Outcome:
     # Per switch: CPU time its thread and its backend used (schedstat's first field).
     cpu_seconds: list[float] = field(default_factory=list)
     floor_runqueue_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def statement_seconds(self) -> list[float]:
+        return [seconds for _, seconds in self.statement_spans]
 
     def summary(self) -> dict[str, Any]:
         sw = sorted(self.switch_seconds)
@@ -186,7 +189,6 @@ def _reader_process(dsn: str, serving_schema: str, job: str, indexes: list[int],
                                 started.value += 1
                         with lock:
                             outcome.statements += 1
-                            outcome.statement_seconds.append(elapsed)
                             outcome.statement_spans.append((began, elapsed))
                             outcome.duplicate_keys += len(dupes)
                         if not holder or time.monotonic() - began_tx > rng.uniform(1, 3) \
@@ -254,6 +256,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
     with service._switching() as board:  # the kept connection, opened before the first switch
         backend = board.conn.info.backend_pid
     waits = ("/proc/thread-self/schedstat", f"/proc/{backend}/schedstat")
+    read_alias = sql.SQL("SELECT url, views, total_duration_ms FROM {}").format(alias)
     try:
         with psycopg.connect(dsn, autocommit=True) as verify, \
                 psycopg.connect(dsn, autocommit=True) as probe:
@@ -280,8 +283,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
                 outcome.floor_seconds.append(time.monotonic() - began)
                 outcome.floor_runqueue_seconds.append(scheduled_s(*probe_waits)[1] - waited)
                 # A statement that starts after the switch returned sees the new routing.
-                served = {r[0]: tuple(r[1:]) for r in verify.execute(sql.SQL(
-                    "SELECT url, views, total_duration_ms FROM {}").format(alias)).fetchall()}
+                served = {r[0]: tuple(r[1:]) for r in verify.execute(read_alias).fetchall()}
                 if action == "ab":
                     expected = {k: v for k, v in tables["v1"].items() if bucket(k) >= percent}
                     expected |= {k: v for k, v in tables["v2"].items() if bucket(k) < percent}
@@ -296,8 +298,7 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
             for seconds in outcome.switch_seconds:
                 time.sleep(seconds)
                 two_round_trips(probe)
-                verify.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}").format(
-                    alias)).fetchall()
+                verify.execute(read_alias).fetchall()
             outcome.quiet_phase = (quiet_began, time.monotonic() - quiet_began)
     finally:
         stop.set()
@@ -305,7 +306,6 @@ def run_scenario(service: Any, settings: Any, job: str, *, switches: int = 50,
         for _ in processes:
             part = results.get(timeout=60)
             outcome.statements += part.statements
-            outcome.statement_seconds += part.statement_seconds
             outcome.statement_spans += part.statement_spans
             outcome.duplicate_keys += part.duplicate_keys
             outcome.reader_errors += part.reader_errors
