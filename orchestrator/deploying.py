@@ -101,7 +101,7 @@ class Deploy:
                 checkpoint_dir=checkpoint_location(s, spec.name, spec.version),
                 consumer_group=consumer_group(spec.name, spec.version), log_start=log_start,
                 log_identity=identity)
-            output.create_tables(conn, s.data_schema, spec, out, dlq)
+            output.create_tables(conn, self.schema, s.data_schema, spec, out, dlq)
             runs.create(conn, self.schema, version.id)
             events.record(conn, self.schema, "deploy", job=spec.name, version=spec.version,
                           fingerprint=spec.fingerprint, file=str(spec.path),

@@ -10,12 +10,13 @@ reader transactions and queues new readers behind it; so every attempt is bounde
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import psycopg
 from psycopg import sql
 
 from orchestrator.aliases import columns
+from orchestrator.catalog import output
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError
 from orchestrator.models import DeployedVersion
@@ -28,19 +29,12 @@ ATTEMPTS = 40
 FORM = "kappa alias view, form 2"
 
 
-def _key_text(keys: Sequence[str]) -> sql.Composable:
-    parts = [sql.SQL("t.{}::text").format(sql.Identifier(k)) for k in keys]
-    if len(parts) == 1:
-        return parts[0]
-    return sql.SQL("concat_ws(E'\\x1f', {})").format(sql.SQL(", ").join(parts))
-
-
 def view_query(catalog_schema: str, data_schema: str, alias: str,
-               versions: Sequence[DeployedVersion], version_column: str | None = None
-               ) -> sql.Composed:
+               versions: Sequence[DeployedVersion], version_column: str | None = None,
+               storing_bucket: Collection[str] = ()) -> sql.Composed:
     """One branch per version, ``versions[0]`` the primary (see columns.py for the columns a
     branch without one gives NULL); ``version_column``: a last column naming the version that
-    serves the row."""
+    serves the row; ``storing_bucket``: the tables whose rows carry their bucket."""
     spec = versions[0].spec
     view_columns = columns.shape(versions)
     named = None if version_column is None else sql.Identifier(
@@ -65,11 +59,13 @@ def view_query(catalog_schema: str, data_schema: str, alias: str,
     # split branch alone would launch parallel workers even while its gate is false.
     routing = qualified(catalog_schema, "aliases")
     name = sql.Literal(alias)
-    bucket = sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
-                                                 _key_text(spec.key_columns))
     branches = []
     for v in versions:
         table, version = qualified(data_schema, v.output_table), sql.Literal(v.version)
+        # Equal either way (output.py): a table made before the column hashes each row it reads.
+        bucket = (sql.SQL("t.{}").format(sql.Identifier(output.BUCKET_COLUMN))
+                  if v.output_table in storing_bucket
+                  else output.bucket_of(catalog_schema, spec.key_columns, "t"))
         branches.append(sql.SQL(
             "SELECT {columns} FROM {table} AS t WHERE (SELECT r.candidate_version IS NULL AND "
             "r.primary_version = {version} FROM {routing} AS r WHERE r.name = {name})"
@@ -97,7 +93,8 @@ def define_view(conn: psycopg.Connection, *, catalog_schema: str, data_schema: s
     change otherwise, it is dropped and created (grants are given again in the same
     transaction)."""
     view = qualified(serving_schema, alias)
-    body = view_query(catalog_schema, data_schema, alias, versions, version_column)
+    storing = output.tables_storing_bucket(conn, data_schema, [v.output_table for v in versions])
+    body = view_query(catalog_schema, data_schema, alias, versions, version_column, storing)
     wanted = [c for c, _ in columns.shape(versions)] + ([version_column] if version_column
                                                           else [])
     existing = [r[0] for r in conn.execute(
