@@ -18,10 +18,13 @@ STAGE_COLUMNS = ("_delete", "_write", "_task", "_attempt")
 # Each row's A/B bucket, computed by PostgreSQL when the row is written, so that a split's view
 # compares an integer rather than hashing every row it reads (an md5 per row made a full scan
 # through a 10 % split five to twelve times the scan of one table). A user's column cannot take
-# the name: names start with a letter. Not for a timestamptz key: its text follows the
-# session's TimeZone, and PostgreSQL stores only what an immutable expression computes.
+# the name: names start with a letter. Only for keys whose text no setting changes: a
+# timestamptz's follows TimeZone (PostgreSQL refuses it), and a double precision's follows
+# extra_float_digits (PostgreSQL accepts it: its output function is marked immutable), so a
+# bucket stored under the writer's setting could differ from one a reader's session computes.
+# The rows store what the catalog's key_bucket() computed: it must never change.
 BUCKET_COLUMN = "_kappa_bucket"
-_BUCKET_KEY_TYPES = frozenset(OUTPUT_TYPES) - {"timestamptz"}
+_BUCKET_KEY_TYPES = frozenset(OUTPUT_TYPES) - {"timestamptz", "double precision"}
 
 
 def key_text(key_columns: Sequence[str], qualifier: str | None = None) -> sql.Composable:
@@ -35,6 +38,8 @@ def key_text(key_columns: Sequence[str], qualifier: str | None = None) -> sql.Co
 
 def bucket_of(catalog_schema: str, key_columns: Sequence[str], qualifier: str | None = None
               ) -> sql.Composed:
+    """The catalog's bucket of a key: the stored column's expression, and the view's for a
+    table without it."""
     return sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
                                                key_text(key_columns, qualifier))
 

@@ -1,7 +1,8 @@
 """Each output row carries its A/B bucket, written with it: a split's view reads the stored
 bucket and hashes no row, and it serves exactly the keys that the catalog's key_bucket(), the
 view's former expression and the Python attribution give each version. A table made before the
-column, or keyed by a timestamptz, is hashed as it is read, beside one that stores it."""
+column, or keyed by a timestamptz or a double precision (their text follows the session's
+settings), is hashed as it is read, beside one that stores it."""
 
 from __future__ import annotations
 
@@ -180,3 +181,44 @@ def test_a_timestamptz_key_is_hashed_as_read_and_a_key_of_two_columns_is_stored_
         _define(conn, s, "by_pair", pair)
         assert len(_served(conn, s, "by_pair", "user_id")) == ROWS
         assert _rows_hashed(conn, s, "by_pair") == 0
+
+
+KEY_VALUES = {  # each key type and ROWS distinct keys of it (boolean has two)
+    "text": "'k' || g", "integer": "g", "bigint": "g::bigint * 1000000007", "numeric": "g * 1.25",
+    "jsonb": "jsonb_build_object('g', g, 'f', g / 7.0)", "boolean": "g = 1",
+    "double precision": "g / 3.0::float8",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KEY_VALUES))
+def test_a_key_is_bucketed_alike_whatever_the_readers_settings(schemas, kind: str) -> None:
+    """A stored bucket is the one a reader's session computes under any setting; a double
+    precision key, whose text follows extra_float_digits, is hashed as read instead."""
+    from orchestrator.catalog import output
+
+    s, job = schemas, "by_" + kind.replace(" ", "_")
+    schema = f'{{"k": "{kind}", "plan": "text"}}'
+    pair = [_version(_spec(job, v, '["k"]', schema), n) for n, v in ((7, "v1"), (8, "v2"))]
+    assert output.stores_bucket(pair[0].spec) == (kind != "double precision")
+    keys = 2 if kind == "boolean" else ROWS
+    with psycopg.connect(s.pg_dsn, autocommit=True) as conn:
+        for v in pair:
+            output.create_tables(conn, s.catalog_schema, s.data_schema, v.spec, v.output_table,
+                                 v.dead_letter_table)
+            conn.execute(sql.SQL("INSERT INTO {} (k, plan) SELECT " + KEY_VALUES[kind]
+                                 + ", %s FROM generate_series(1, %s) g").format(
+                sql.Identifier(s.data_schema, v.output_table)), (v.version, keys))
+        _route(conn, s, job, "v1", "v2", 50)
+        _define(conn, s, job, pair)
+        conn.execute("SET extra_float_digits = 0")
+        conn.execute("SET DateStyle = 'SQL, DMY'")
+        conn.execute("SET TimeZone = 'Asia/Kathmandu'")
+        served = _served(conn, s, job, "k")
+        assert len(served) == keys
+        wanted = dict(conn.execute(sql.SQL(
+            "SELECT k::text, CASE WHEN {}.key_bucket(k::text) < 50 THEN 'v2' ELSE 'v1' END "
+            "FROM {}").format(sql.Identifier(s.catalog_schema),
+                              sql.Identifier(s.data_schema, pair[0].output_table))).fetchall())
+        assert served == wanted
+        assert _rows_hashed(conn, s, job) == (0 if output.stores_bucket(pair[0].spec)
+                                              else 2 * keys)
