@@ -27,7 +27,7 @@ BUCKET_COLUMN = "_kappa_bucket"
 _BUCKET_KEY_TYPES = frozenset(OUTPUT_TYPES) - {"timestamptz", "double precision"}
 
 
-def key_text(key_columns: Sequence[str], qualifier: str | None = None) -> sql.Composable:
+def _key_text(key_columns: Sequence[str], qualifier: str | None = None) -> sql.Composable:
     """A key as the split hashes it: its columns' text, joined by U+001F (key columns are NOT
     NULL, so no part is lost)."""
     def column(name: str) -> sql.Composable:
@@ -41,7 +41,7 @@ def bucket_of(catalog_schema: str, key_columns: Sequence[str], qualifier: str | 
     """The catalog's bucket of a key: the stored column's expression, and the view's for a
     table without it."""
     return sql.SQL("{}.key_bucket({})").format(sql.Identifier(catalog_schema),
-                                               key_text(key_columns, qualifier))
+                                               _key_text(key_columns, qualifier))
 
 
 def stores_bucket(spec: JobSpec) -> bool:

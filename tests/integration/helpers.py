@@ -21,6 +21,21 @@ def query(settings: Any, text: str, *args: Any) -> list[tuple[Any, ...]]:
         return conn.execute(text, args).fetchall()  # type: ignore[arg-type]
 
 
+def rows_hashed(conn: psycopg.Connection, serving_schema: str, alias: str) -> int:
+    """Rows whose A/B bucket a full read of the alias computed: the rows that executed plan
+    nodes filtered by an md5 (EXPLAIN ANALYZE)."""
+    ((plan,),) = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM {}")
+                              .format(sql.Identifier(serving_schema, alias))).fetchall()
+    hashed, pending = 0, [plan[0]["Plan"]]
+    while pending:
+        node = pending.pop()
+        pending += node.get("Plans", [])
+        for kind in ("Filter", "Join Filter"):
+            if "md5" in node.get(kind, "") and node.get("Actual Loops", 0):
+                hashed += node["Actual Rows"] + node.get(f"Rows Removed by {kind}", 0)
+    return hashed
+
+
 def output(settings: Any, table: str) -> dict[str, tuple[int, int]]:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         rows = conn.execute(sql.SQL("SELECT url, views, total_duration_ms FROM {}.{}").format(

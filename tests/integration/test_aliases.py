@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 
 from conftest import job_file, kappa_cli, wait_until
-from integration.helpers import output
+from integration.helpers import output, rows_hashed
 from reference import compute, normalise, read_log
 from reference_streams import valid_pageview as valid_event
 
@@ -35,20 +35,8 @@ def _alias_rows(settings, alias: str = JOB, user: str | None = None) -> dict:
 
 
 def _rows_hashed(settings, alias: str = JOB) -> int:
-    """Rows whose A/B bucket a full read of the alias computed: the rows that executed plan
-    nodes filtered by an md5 (EXPLAIN ANALYZE)."""
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        ((plan,),) = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) "
-                                          "FROM {}.{}").format(
-            sql.Identifier(settings.serving_schema), sql.Identifier(alias))).fetchall()
-    hashed, pending = 0, [plan[0]["Plan"]]
-    while pending:
-        node = pending.pop()
-        pending += node.get("Plans", [])
-        for kind in ("Filter", "Join Filter"):
-            if "md5" in node.get(kind, "") and node.get("Actual Loops", 0):
-                hashed += node["Actual Rows"] + node.get(f"Rows Removed by {kind}", 0)
-    return hashed
+        return rows_hashed(conn, settings.serving_schema, alias)
 
 
 def _workers_of_idle_branches(settings, alias: str = JOB) -> tuple[int, int]:

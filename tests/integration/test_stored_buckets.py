@@ -16,6 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from integration.helpers import rows_hashed
+
 pytestmark = [pytest.mark.integration]
 ROWS = 3_000
 SOURCE = (Path(__file__).resolve().parents[2] / "jobs" / "user_profiles" / "v1.py").read_text()
@@ -93,19 +95,6 @@ def _served(conn: psycopg.Connection, s: Any, job: str, key: str) -> dict[str, s
     return dict(rows)
 
 
-def _rows_hashed(conn: psycopg.Connection, s: Any, job: str) -> int:
-    """Rows that plan nodes filtered by an md5 (EXPLAIN ANALYZE of a full read)."""
-    ((plan,),) = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM {}")
-                              .format(sql.Identifier(s.serving_schema, job))).fetchall()
-    hashed, pending = 0, [plan[0]["Plan"]]
-    while pending:
-        node = pending.pop()
-        pending += node.get("Plans", [])
-        if "md5" in node.get("Filter", "") and node.get("Actual Loops", 0):
-            hashed += node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-    return hashed
-
-
 def test_a_split_reads_stored_buckets_and_hashes_only_tables_made_before_them(schemas) -> None:
     from orchestrator.catalog import output
     from orchestrator.experiment.attribution import key_bucket
@@ -125,14 +114,14 @@ def test_a_split_reads_stored_buckets_and_hashes_only_tables_made_before_them(sc
         _route(conn, s, job, "v1", "v2", 30)
         _define(conn, s, job, [v1, v2])
         assert _served(conn, s, job, "user_id") == expected
-        assert _rows_hashed(conn, s, job) == 0
+        assert rows_hashed(conn, s.serving_schema, job) == 0
         # v1's table as an earlier release made it: its rows are hashed as they are read.
         conn.execute(sql.SQL("DROP VIEW {}").format(sql.Identifier(s.serving_schema, job)))
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
             sql.Identifier(s.data_schema, v1.output_table), sql.Identifier(output.BUCKET_COLUMN)))
         _define(conn, s, job, [v1, v2])
         assert _served(conn, s, job, "user_id") == expected
-        assert _rows_hashed(conn, s, job) == ROWS
+        assert rows_hashed(conn, s.serving_schema, job) == ROWS
 
 
 def test_a_timestamptz_key_is_hashed_as_read_and_a_key_of_two_columns_is_stored_alike(
@@ -162,7 +151,7 @@ def test_a_timestamptz_key_is_hashed_as_read_and_a_key_of_two_columns_is_stored_
                                             sql.Identifier(s.data_schema, timed[0].output_table)))
             .fetchall())
         assert served == wanted and set(served.values()) == {"v1", "v2"}
-        assert _rows_hashed(conn, s, "by_time") == 2 * ROWS
+        assert rows_hashed(conn, s.serving_schema, "by_time") == 2 * ROWS
 
         # Two key columns: the stored bucket is the one the view computed from concat_ws.
         for v in pair:
@@ -180,7 +169,7 @@ def test_a_timestamptz_key_is_hashed_as_read_and_a_key_of_two_columns_is_stored_
         _route(conn, s, "by_pair", "v1", "v2", 50)
         _define(conn, s, "by_pair", pair)
         assert len(_served(conn, s, "by_pair", "user_id")) == ROWS
-        assert _rows_hashed(conn, s, "by_pair") == 0
+        assert rows_hashed(conn, s.serving_schema, "by_pair") == 0
 
 
 KEY_VALUES = {  # each key type and ROWS distinct keys of it (boolean has two)
@@ -220,5 +209,5 @@ def test_a_key_is_bucketed_alike_whatever_the_readers_settings(schemas, kind: st
             "FROM {}").format(sql.Identifier(s.catalog_schema),
                               sql.Identifier(s.data_schema, pair[0].output_table))).fetchall())
         assert served == wanted
-        assert _rows_hashed(conn, s, job) == (0 if output.stores_bucket(pair[0].spec)
+        assert rows_hashed(conn, s.serving_schema, job) == (0 if output.stores_bucket(pair[0].spec)
                                               else 2 * keys)
