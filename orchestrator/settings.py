@@ -26,6 +26,8 @@ from orchestrator.kafka_endpoint import (
 )
 
 STACK_FILE = "dev/stack.json"
+# The catalog's DSN in the environment: the drivers' setting, and what executors write with.
+DSN_VARIABLE = "KAPPA_PG_DSN"
 
 
 @dataclass(frozen=True)

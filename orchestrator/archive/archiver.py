@@ -21,6 +21,7 @@ import psycopg
 
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
+from orchestrator.archive.readable import archive_root
 from orchestrator.archive.segments import (
     ArchivedRecord,
     ArchiveError,
@@ -55,10 +56,6 @@ def read_archived(kafka: Kafka, topic: str, partition: int, first: int, end: int
     """Every record of [first, end) as the archive keeps it."""
     return [cast(ArchivedRecord, record) for batch in read_range(
         kafka, topic, partition, first, end, group_id, timestamp_types=True) for record in batch]
-
-
-def archive_root(settings: Settings) -> str:
-    return settings.archive_root or str(settings.state_dir / "archive")
 
 
 class Archiver:

@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from orchestrator.archive.archiver import archive_root
 from orchestrator.archive.held import Position, readable_bounds
 from orchestrator.archive.segments import ArchiveError
 from orchestrator.catalog.archive_manifest import held_spans
@@ -40,6 +39,11 @@ def log_bounds_with_archive(conn: psycopg.Connection, settings: Settings,
                             ) -> dict[Position, tuple[int, int]]:
     """``broker``'s bounds, reaching into the archive."""
     return readable_bounds(broker, archived_spans(conn, settings, identity, topics, broker))
+
+
+def archive_root(settings: Settings) -> str:
+    """Where the archive's segments live: ``archive_root``, else ``<state_dir>/archive``."""
+    return settings.archive_root or str(settings.state_dir / "archive")
 
 
 def executor_archive_root(settings: Settings) -> str | None:

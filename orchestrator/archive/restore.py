@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from orchestrator.archive.archiver import archive_root, read_archived
+from orchestrator.archive.archiver import read_archived
 from orchestrator.archive.parquet_store import ParquetStore
+from orchestrator.archive.readable import archive_root
 from orchestrator.archive.restore_plan import plan_runs
 from orchestrator.archive.segments import (
     ArchivedRecord,

@@ -8,9 +8,6 @@ import sys
 import time
 from typing import Any
 
-from rich.live import Live
-from rich.text import Text
-
 from orchestrator.cli.output import console, table
 from orchestrator.lag import Thresholds
 from orchestrator.models import VersionLag
@@ -67,6 +64,9 @@ def run_lag(service: Any, args: argparse.Namespace) -> int:
         return render(lags, args.partitions) if lags else "no job versions deployed yet"
 
     if args.watch and not args.json and sys.stdout.isatty():
+        from rich.live import Live
+        from rich.text import Text
+
         # One table redrawn in place; Ctrl-C ends it.
         with Live(Text.from_ansi(shown()), console=console(), auto_refresh=False) as live:
             while True:

@@ -13,14 +13,15 @@ import io
 import json
 import sys
 from collections.abc import Sequence
-from typing import IO, Any, cast
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
-from rich.table import Table
-from rich.text import Text
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from orchestrator.models import VersionStatus
+
+if TYPE_CHECKING:
+    # Imported where a person's output is drawn: a `--json` call never pays for rich.
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+    from rich.text import Text
 
 # Run states, lag states and the stack's yes/no, as people scan for them.
 STATE_STYLES = {
@@ -41,6 +42,8 @@ def print_json(data: Any) -> None:
 def console(stream: IO[str] | None = None) -> Console:
     """A console on ``stream`` (stdout): a terminal's width and colours on a terminal, else
     plain lines. rich itself honours NO_COLOR."""
+    from rich.console import Console
+
     stream = sys.stdout if stream is None else stream
     tty = stream.isatty()
     return Console(file=stream, highlight=False, force_terminal=tty,
@@ -50,6 +53,8 @@ def console(stream: IO[str] | None = None) -> Console:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A table for ``print``: upper-case headers, columns two spaces apart, states coloured on
     a terminal."""
+    from rich.table import Table
+
     grid = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1),
                  header_style="bold", show_header=True)
     for i, header in enumerate(headers):
@@ -64,6 +69,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def render(renderable: Any) -> str:
     """What ``renderable`` prints as on stdout, as text (with its colours on a terminal)."""
+    from rich.console import Console
+
     shown = console()
     buffer = io.StringIO()
     into = Console(file=buffer, highlight=False, force_terminal=shown.is_terminal,
@@ -74,6 +81,8 @@ def render(renderable: Any) -> str:
 
 
 def _cell(value: Any, styled: bool) -> Text:
+    from rich.text import Text
+
     text = "" if value is None else str(value)
     return Text(text, style=STATE_STYLES.get(text, "") if styled else "")
 
@@ -98,6 +107,8 @@ def status_table(statuses: Sequence[VersionStatus]) -> str:
 
 
 def print_error(message: str) -> None:
+    from rich.text import Text
+
     console(sys.stderr).print(Text(message, style="red"))
 
 
@@ -112,6 +123,8 @@ class ProgressBar:
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(bar_width=width),
                 TextColumn("{task.percentage:>5.1f}%"), MofNCompleteColumn(),
@@ -124,6 +137,8 @@ class ProgressBar:
         total = processed + (st.lag_records or 0)
         state = st.state.value
         if self._progress is not None and self._task is not None:
+            from rich.text import Text
+
             self._progress.update(self._task, completed=processed, total=total or None,
                                   state=Text(state, style=STATE_STYLES.get(state, "")))
             return

@@ -8,8 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.archive.archiver import archive_root
-from orchestrator.archive.readable import executor_archive_root
+from orchestrator.archive.readable import archive_root, executor_archive_root
 from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.kafka_endpoint import KafkaEndpoint
 from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE
-from orchestrator.settings import Settings
+from orchestrator.settings import DSN_VARIABLE, Settings
 from orchestrator.spark import zygote
 from orchestrator.spark.cds import driver_java_options
 from orchestrator.spark.pyspark_path import WORKER_SITE
-from orchestrator.spark.writer import DSN_VARIABLE
 
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark's default pattern, plus the names our secrets travel under.

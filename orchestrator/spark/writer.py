@@ -17,7 +17,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-DSN_VARIABLE = "KAPPA_PG_DSN"
+from orchestrator.settings import DSN_VARIABLE
+
 WRITE_RESULT_SCHEMA = "task bigint, attempt bigint, rows bigint"
 _RESULT = pa.schema([("task", pa.int64()), ("attempt", pa.int64()), ("rows", pa.int64())])
 

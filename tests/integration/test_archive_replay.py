@@ -37,7 +37,7 @@ def _archived_offsets(settings, version: str) -> list[int | None]:
 
 def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, topic: str,
                                                                     tmp_path: Path) -> None:
-    from orchestrator.archive.archiver import archive_root
+    from orchestrator.archive.readable import archive_root
     from orchestrator.service import Orchestrator
 
     settings = replace(settings, archive_segment_records=6_000, max_batch_records=20_000,

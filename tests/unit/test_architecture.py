@@ -54,6 +54,21 @@ def test_importing_a_subpackage_loads_no_driver() -> None:
     assert out == "[]"
 
 
+def test_the_cli_and_the_facade_load_nothing_that_only_some_commands_need() -> None:
+    """Every `kappa` command and every Airflow task imports these. pyarrow and numpy (drivers,
+    the archiver and archive reads use them) were about 40 % of a call's start-up CPU, and rich
+    draws only what people read: `kappa status --json` or `kappa promote` pays for neither."""
+    import subprocess
+    import sys
+
+    deferred = {"pyarrow", "numpy", "pandas", "pyspark", "rich"}
+    code = ("import sys, orchestrator.cli.main, orchestrator.service; "
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {deferred!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
 def test_domain_imports_no_driver_library() -> None:
     for name in DOMAIN:
         imported = _imports(PACKAGE / f"{name}.py", top_level_only=False)
