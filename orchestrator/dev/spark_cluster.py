@@ -5,6 +5,7 @@ the installed pyspark, located without importing it (the orchestrator never impo
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -36,12 +37,13 @@ def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _await_log(log: Path, needles: tuple[str, ...], proc: subprocess.Popen[bytes],
-               what: str) -> None:
+               what: str) -> str:
+    """The log's text once it holds every needle."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         if all(n in text for n in needles):
-            return
+            return text
         if proc.poll() is not None:
             raise KappaError(f"{what} exited with {proc.returncode}: see {log}")
         if time.monotonic() > deadline:
@@ -56,15 +58,17 @@ def standalone_cluster(directory: Path, workers: int = 1, cores: int = 2,
     until every worker has registered, and yields the master's spark:// URL; stops them all
     on exit. Logs are in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
     started: list[subprocess.Popen[bytes]] = []
     try:
         master_log = directory / "master.log"
         started.append(_spark_class(["org.apache.spark.deploy.master.Master", "--host",
-                                     "127.0.0.1", "--port", str(port),
+                                     "127.0.0.1", "--port", str(free_port()),
                                      "--webui-port", str(free_port())], master_log))
-        _await_log(master_log, ("I have been elected leader",), started[0], "the Spark master")
+        text = _await_log(master_log, ("I have been elected leader",), started[0],
+                          "the Spark master")
+        # The port chosen may have been taken before the master bound it: the master then
+        # binds the next one, and says so.
+        url = re.findall(r"Starting Spark master at (spark://\S+)", text)[-1]
         for n in range(workers):
             log = directory / f"worker-{n}.log"
             started.append(_spark_class(

@@ -68,3 +68,28 @@ def test_stream_job_on_a_standalone_cluster_is_exact(service, settings, spark_ma
             log.invalid_profiles
     finally:
         cluster.stop("user_profiles", "v1")
+
+
+def test_a_master_port_taken_before_the_master_binds_it_is_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port chosen for the master can be taken by another process before the master binds
+    it (CI saw it: the master moved to the next port, and its worker, sent to the chosen one,
+    never registered). The cluster's URL is where the master bound, whatever was chosen."""
+    import socket
+
+    from orchestrator.dev import spark_cluster
+    from orchestrator.dev.processes import free_port
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()  # a server that is not Spark's, as it was in CI
+    chosen = taken.getsockname()[1]
+    ports = iter([chosen])
+    monkeypatch.setattr(spark_cluster, "free_port", lambda: next(ports, None) or free_port())
+    try:
+        with spark_cluster.standalone_cluster(tmp_path, workers=1, cores=1,
+                                              memory="512m") as url:
+            assert url.startswith("spark://127.0.0.1:") and not url.endswith(f":{chosen}")
+            assert f"could not bind on port {chosen}" in (tmp_path / "master.log").read_text()
+    finally:
+        taken.close()
