@@ -18,6 +18,7 @@ listens, or when it is gone, processes start as before.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -48,6 +49,8 @@ _PRELOAD = (
     # What the source of an archived log imports in its first batch: 0.1-0.2 s.
     "orchestrator.archive.parquet_store", "orchestrator.catalog.archive_manifest",
     "orchestrator.archive.table_checksum",
+    # What the read tasks' daemon holds for its workers (orchestrator.spark.daemon).
+    "pandas", "orchestrator.spark.columnar", "orchestrator.kafka.reader",
 )
 
 
@@ -68,6 +71,9 @@ def serve(path: str) -> None:
     for module in _PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    # Out of the children's collections: a collection neither walks these objects nor copies
+    # their pages.
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     driver = os.getppid()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

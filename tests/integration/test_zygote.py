@@ -34,10 +34,11 @@ def socket_path() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _start_daemon(path: str, seed: str = "0") -> subprocess.Popen[bytes]:
+def _start_daemon(path: str, seed: str = "0", module: str = "pyspark.daemon"
+                  ) -> subprocess.Popen[bytes]:
     env = {**os.environ, SOCKET_VARIABLE: path, HASH_SEED_VARIABLE: "0", "PYTHONHASHSEED": seed,
            "PYTHONPATH": os.pathsep.join([WORKER_SITE, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "pyspark.daemon", "pyspark.worker"],
+    return subprocess.Popen([sys.executable, "-m", module, "pyspark.worker"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
 
@@ -56,18 +57,21 @@ def _close(daemon: subprocess.Popen[bytes]) -> int:
     return status
 
 
-def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str) -> None:
+# Spark's daemon (data source lookup, creation, planning) and the read tasks' (the workers of a
+# batch), which holds their imports for them.
+@pytest.mark.parametrize("module", ["pyspark.daemon", "orchestrator.spark.daemon"])
+def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, module: str) -> None:
     zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
-        daemon = _start_daemon(socket_path)
+        daemon = _start_daemon(socket_path, module=module)
         assert 0 < _port(daemon) < 65536  # written by the forked daemon into the starter's stdout
         (forked,) = psutil.Process(zygote.pid).children()
         assert "orchestrator.spark.zygote" in " ".join(forked.cmdline())
         assert psutil.Process(daemon.pid).children() == []  # the starter only waits
         # The starter exits with the daemon's own status: the one it has when started alone.
-        plain = _start_daemon(socket_path + ".none")
+        plain = _start_daemon(socket_path + ".none", module=module)
         _port(plain)
         assert _close(daemon) == _close(plain)
         wait_until(lambda: not psutil.Process(zygote.pid).children(), 30, "the child to end")
