@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from orchestrator.spark.daemon import PRELOAD as WORKER_PRELOAD
 from orchestrator.spark.pyspark_path import is_source_zip
 from orchestrator.spark.zygote_client import (
     HASH_SEED_VARIABLE,
@@ -43,14 +44,15 @@ from orchestrator.spark.zygote_client import (
 )
 
 _PRELOAD = (
-    "pyspark", "pyspark.daemon", "pyspark.worker", RUNNER,
+    "pyspark", "pyspark.daemon", RUNNER,
     "pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source",
-    "pyspark.sql.worker.plan_data_source_read", "pyarrow", "orchestrator.spark.source",
+    "pyspark.sql.worker.plan_data_source_read",
     # What the source of an archived log imports in its first batch: 0.1-0.2 s.
     "orchestrator.archive.parquet_store", "orchestrator.catalog.archive_manifest",
     "orchestrator.archive.table_checksum",
-    # What the read tasks' daemon holds for its workers (orchestrator.spark.daemon).
-    "pandas", "orchestrator.spark.columnar", "orchestrator.kafka.reader",
+    # What the read tasks' daemon, forked here too, holds for its workers (pyspark's
+    # worker, pyarrow, pandas, the log source).
+    *WORKER_PRELOAD,
 )
 
 

@@ -11,9 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-PRELOAD_VARIABLE = "KAPPA_WORKER_PRELOAD"  # orchestrator.spark.daemon's
+from orchestrator.spark.daemon import PRELOAD_VARIABLE
 
 # Shared objects that only an import of pandas, of pyarrow and of the log source maps.
 LIBRARIES = {"pandas": "pandas/_libs/lib.", "pyarrow": "libarrow.so",
@@ -37,11 +35,9 @@ def _mapped_by_a_started_daemon(preload: str) -> set[str]:
         daemon.stdout.close()
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps (Linux)")
 def test_the_daemon_holds_what_its_workers_need_before_it_forks_them() -> None:
     assert _mapped_by_a_started_daemon("on") == set(LIBRARIES)
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps (Linux)")
 def test_the_preload_can_be_turned_off() -> None:
     assert _mapped_by_a_started_daemon("off") == set()
