@@ -21,7 +21,9 @@ def warm_replay(settings: Any, service: Any, workdir: Path, topic: str, version:
     if not spares.wait_ready(settings, env, timeout_s=300):
         raise RuntimeError(f"no warm spare within 300 s (started: {began_spare}); is memory "
                            "short? see the spare log in the spare directory")
-    (ready,) = [s.pid for s in spares.spares(spares.spare_dir(settings)) if s.ready][:1]
+    wanted = spares.fingerprint(settings, env)
+    (ready,) = [s.pid for s in spares.live_spares(spares.spare_dir(settings))
+                if s.ready and s.fingerprint == wanted][:1]
     ours = checked_replay(settings, service, workdir, topic, version, peer_table, theirs,
                           produced, None)
     if ours["pid"] != ready:

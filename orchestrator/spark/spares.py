@@ -36,6 +36,7 @@ import psutil
 from orchestrator.failpoints import ENV as FAIL_POINTS_ENV
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
+from orchestrator.spark.cds import DRIVER_JAVA_OPTS
 from orchestrator.spark.session import spark_conf
 
 log = logging.getLogger("kappa.spares")
@@ -80,6 +81,9 @@ def usable(settings: Settings, env: dict[str, str]) -> bool:
 def fingerprint(settings: Settings, env: dict[str, str]) -> str:
     conf = spark_conf(settings, "kappa", settings.pg_dsn)
     conf.pop("spark.app.name")
+    # The class archive only speeds a JVM's start, which a spare has paid: one started before
+    # the archive was built (a fresh machine) still serves a deploy started after it.
+    conf["spark.driver.extraJavaOptions"] = DRIVER_JAVA_OPTS
     outside = {k: v for k, v in env.items() if not k.startswith(("KAPPA_", *_VOLATILE_PREFIXES))
                and k not in _VOLATILE}
     digest = hashlib.sha256()

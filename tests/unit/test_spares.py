@@ -32,6 +32,22 @@ def test_what_a_session_fixes_at_start_changes_it(change: dict[str, object]) -> 
     assert spares.fingerprint(replace(BASE, **change), ENV) != spares.fingerprint(BASE, ENV)  # type: ignore[arg-type]
 
 
+def test_the_driver_class_archive_built_meanwhile_leaves_it_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare started before the class archive existed (a fresh machine, `kappa dev up`) has
+    paid its start already: the archive appearing must not withdraw it at the next deploy."""
+    from orchestrator.spark import cds
+
+    monkeypatch.setenv(cds.DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(cds.DISABLE_VARIABLE, "on")
+    archive = cds.archive_path()
+    assert archive is not None, "no JDK or no pyspark: run scripts/setup.sh"
+    before = spares.fingerprint(BASE, ENV)
+    archive.write_bytes(b"archive")
+    assert "SharedArchiveFile" in cds.driver_java_options()
+    assert spares.fingerprint(BASE, ENV) == before
+
+
 def test_the_environment_beyond_settings_changes_it() -> None:
     assert spares.fingerprint(BASE, {**ENV, "JAVA_HOME": "/other"}) != spares.fingerprint(
         BASE, ENV)
