@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from cpu_accounting import PROPERTY as CPU_PROPERTY  # noqa: E402
 from cpu_accounting import CpuMeter, summary_lines  # noqa: E402
+from cpu_kinds import KindSampler  # noqa: E402
 
 SHARED_STORAGE = os.environ.get("KAPPA_TEST_BROKER_STORAGE", "memory")
 # nodeid -> the broker storages the test used ("memory", "s3")
@@ -29,6 +30,7 @@ _STORAGE_USED: dict[str, set[str]] = {}
 _SECONDS_PER_MODULE: dict[str, float] = {}  # setup, call and teardown, summed
 _CPU_SECONDS: dict[str, float] = {}  # nodeid -> CPU seconds, its processes' included
 _METER = CpuMeter()
+_KINDS = KindSampler()
 
 
 @pytest.fixture(scope="session")
@@ -223,6 +225,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _METER.join()  # in each xdist worker too: its tests' processes inherit its group
+    if not hasattr(config, "workerinput") and _KINDS.available():
+        _KINDS.start()  # the controller looks at every worker's group
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -262,6 +266,12 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
         terminalreporter.section(  # type: ignore[attr-defined]
             "CPU seconds per module, with the processes its tests started")
         for line in summary_lines(_CPU_SECONDS, 25):
+            write(line)
+    if _KINDS.is_alive():
+        _KINDS.stop()
+        terminalreporter.section(  # type: ignore[attr-defined]
+            "CPU seconds by kind of process, the whole run (tests/cpu_kinds.py)")
+        for line in _KINDS.summary_lines():
             write(line)
     if not _STORAGE_USED:
         return
