@@ -22,7 +22,7 @@ SHELLS = "shells (before they exec)"
 UNSEEN = "lived between two looks (short processes: CLI calls, launchers, probes)"
 
 # (kind, words any of which in the command line makes a process that kind), first match wins.
-_JAVA_KINDS = (
+_JAVA_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # By the program, not by a path: drivers' logs and Prometheus' files lie under pytest's tmp.
     ("pytest (the tests' own code)", ("exec(eval(sys.stdin.readline()))", "bin/pytest ",
                                       "-m pytest")),
@@ -32,7 +32,7 @@ _JAVA_KINDS = (
                                                     "org.apache.spark.deploy.worker.Worker")),
     ("Spark executors (JVM)", ("CoarseGrainedExecutorBackend",)),
 )
-_KINDS = (
+_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # By the program, not by a path: drivers' logs and Prometheus' files lie under pytest's tmp.
     ("pytest (the tests' own code)", ("exec(eval(sys.stdin.readline()))", "bin/pytest ",
                                       "-m pytest")),
@@ -77,7 +77,8 @@ class KindSampler(threading.Thread):
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._groups: dict[str, float] = {}  # group name -> its usage, last seen
-        self._processes: dict[tuple[int, str], list[object]] = {}  # (pid, start) -> [cpu, kind]
+        # (pid, start time) -> (its CPU seconds when last seen, its kind)
+        self._processes: dict[tuple[int, str], tuple[float, str]] = {}
 
     def available(self) -> bool:
         return any(self.cpuacct.glob(_GROUPS))
@@ -110,15 +111,16 @@ class KindSampler(threading.Thread):
         key = (pid, fields[19])  # the start time tells a reused PID apart
         with self._lock:
             seen = self._processes.get(key)
-            if seen is None or seen[1] == SHELLS:
-                seen = self._processes[key] = [cpu, kind_of(_command_line(pid))]
-            seen[0] = max(cpu, float(seen[0]))  # type: ignore[arg-type]
+        # A shell is looked at again: spark-submit's scripts exec java.
+        kind = kind_of(_command_line(pid)) if seen is None or seen[1] == SHELLS else seen[1]
+        with self._lock:
+            self._processes[key] = (cpu, kind)
 
     def totals(self) -> dict[str, float]:
         with self._lock:
             per_kind: dict[str, float] = {}
             for cpu, kind in self._processes.values():
-                per_kind[str(kind)] = per_kind.get(str(kind), 0.0) + float(cpu)  # type: ignore[arg-type]
+                per_kind[kind] = per_kind.get(kind, 0.0) + cpu
             unseen = sum(self._groups.values()) - sum(per_kind.values())
         if unseen > 0:
             per_kind[UNSEEN] = unseen
