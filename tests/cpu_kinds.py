@@ -24,8 +24,8 @@ UNSEEN = "lived between two looks (short processes: CLI calls, launchers, probes
 # (kind, words any of which in the command line makes a process that kind), first match wins.
 _JAVA_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # By the program, not by a path: drivers' logs and Prometheus' files lie under pytest's tmp.
-    ("pytest (the tests' own code)", ("exec(eval(sys.stdin.readline()))", "bin/pytest ",
-                                      "-m pytest")),
+    ("pytest (the tests' own code)", ("[pytest-xdist ", "exec(eval(sys.stdin.readline()))",
+                                      "bin/pytest ", "-m pytest")),
     ("Spark launcher (JVM)", ("org.apache.spark.launcher.Main",)),
     ("class archive build (JVM)", ("-XX:ArchiveClassesAtExit",)),
     ("Spark standalone master and workers (JVM)", ("org.apache.spark.deploy.master.Master",
@@ -34,8 +34,8 @@ _JAVA_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 _KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # By the program, not by a path: drivers' logs and Prometheus' files lie under pytest's tmp.
-    ("pytest (the tests' own code)", ("exec(eval(sys.stdin.readline()))", "bin/pytest ",
-                                      "-m pytest")),
+    ("pytest (the tests' own code)", ("[pytest-xdist ", "exec(eval(sys.stdin.readline()))",
+                                      "bin/pytest ", "-m pytest")),
     ("drivers' Python workers (the zygote and its forks)", ("orchestrator.spark.zygote",)),
     ("drivers' Python workers (started)", ("pyspark.daemon", "orchestrator.spark.daemon",
                                            "pyspark.worker", "python_streaming_source_runner")),
@@ -62,11 +62,13 @@ def kind_of(command_line: str) -> str:
             if any(word in command_line for word in words):
                 return kind
         return "Spark drivers and spares (JVM)"
+    if program in ("bash", "sh", "env", "dash"):
+        # spark-submit's scripts, which exec java: looked at again. Before the words: their
+        # arguments name the drivers' Python modules (spark.python.daemon.module).
+        return SHELLS
     for kind, words in _KINDS:
         if any(word in command_line for word in words):
             return kind
-    if program in ("bash", "sh", "env", "dash"):
-        return SHELLS  # spark-submit's scripts, which exec java: looked at again
     return f"other: {program}"
 
 

@@ -34,7 +34,12 @@ VENV = "/ci/main/.venv/bin/python"
     ("postgres: embedded_postgres test 127.0.0.1(5050) idle", "PostgreSQL"),
     ("/usr/bin/prometheus --config.file=/tmp/pytest-of-root/pytest-2/t0/prometheus.yml",
      "Prometheus"),
-    ("bash /ci/main/.venv/lib/python3.11/site-packages/pyspark/bin/spark-class x", SHELLS),
+    # xdist's workers retitle themselves.
+    ("[pytest-xdist running] tests/unit/test_cpu_kinds.py::test_x", "pytest (the tests' own code)"),
+    # A driver's JVM before spark-class execs it, its arguments naming the daemon: a shell.
+    ("bash /ci/main/.venv/lib/python3.11/site-packages/pyspark/bin/spark-class "
+     "org.apache.spark.deploy.SparkSubmit --conf spark.python.daemon.module="
+     "orchestrator.spark.daemon pyspark-shell", SHELLS),
     ("", "exited before its command line was read"),
     ("/usr/bin/socat TCP-LISTEN:1", "other: socat"),
 ])
