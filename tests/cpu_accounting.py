@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+GROUP_PREFIX = "kappa-tests-"  # one group per pytest process, named by its PID
 _STARTED = pytest.StashKey[float]()
 PROPERTY = "cpu_seconds"
 
@@ -24,10 +25,10 @@ class CpuMeter:
         self._usage: Path | None = None
 
     def join(self) -> None:
-        for stale in _CPUACCT.glob("kappa-tests-*"):
+        for stale in CPUACCT.glob(f"{GROUP_PREFIX}*"):
             with contextlib.suppress(OSError):  # still holds a process: not stale
                 stale.rmdir()
-        group = _CPUACCT / f"kappa-tests-{os.getpid()}"
+        group = CPUACCT / f"{GROUP_PREFIX}{os.getpid()}"
         try:
             group.mkdir(exist_ok=True)
             (group / "cgroup.procs").write_text(str(os.getpid()))
@@ -38,7 +39,7 @@ class CpuMeter:
     def leave(self) -> None:
         if self._usage is not None:
             with contextlib.suppress(OSError):
-                (_CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+                (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
                 self._usage.parent.rmdir()
 
     def seconds(self) -> float | None:

@@ -15,17 +15,14 @@ import os
 import threading
 from pathlib import Path
 
-_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-_GROUPS = "kappa-tests-*"
+from cpu_accounting import CPUACCT, GROUP_PREFIX
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 SHELLS = "shells (before they exec)"
 UNSEEN = "lived between two looks (short processes: CLI calls, launchers, probes)"
 
 # (kind, words any of which in the command line makes a process that kind), first match wins.
 _JAVA_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # By the program, not by a path: drivers' logs and Prometheus' files lie under pytest's tmp.
-    ("pytest (the tests' own code)", ("[pytest-xdist ", "exec(eval(sys.stdin.readline()))",
-                                      "bin/pytest ", "-m pytest")),
     ("Spark launcher (JVM)", ("org.apache.spark.launcher.Main",)),
     ("class archive build (JVM)", ("-XX:ArchiveClassesAtExit",)),
     ("Spark standalone master and workers (JVM)", ("org.apache.spark.deploy.master.Master",
@@ -73,17 +70,17 @@ def kind_of(command_line: str) -> str:
 
 
 class KindSampler(threading.Thread):
-    def __init__(self, interval_s: float = 2.0, cpuacct: Path = _CPUACCT) -> None:
+    def __init__(self, interval_s: float = 2.0, cpuacct: Path = CPUACCT) -> None:
         super().__init__(name="cpu-kinds", daemon=True)
         self.interval_s, self.cpuacct = interval_s, cpuacct
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._groups: dict[str, float] = {}  # group name -> its usage, last seen
+        self._groups: dict[str, float] = {}  # group name -> its usage when last seen
         # (pid, start time) -> (its CPU seconds when last seen, its kind)
         self._processes: dict[tuple[int, str], tuple[float, str]] = {}
 
     def available(self) -> bool:
-        return any(self.cpuacct.glob(_GROUPS))
+        return any(self.cpuacct.glob(f"{GROUP_PREFIX}*"))
 
     def run(self) -> None:
         while not self._stopping.wait(self.interval_s):
@@ -94,12 +91,12 @@ class KindSampler(threading.Thread):
         self.look()
 
     def look(self) -> None:
-        for group in self.cpuacct.glob(_GROUPS):
+        for group in self.cpuacct.glob(f"{GROUP_PREFIX}*"):
             with contextlib.suppress(OSError, ValueError):  # a worker's group, just removed
                 usage = int((group / "cpuacct.usage").read_text()) / 1e9
                 pids = (group / "cgroup.procs").read_text().split()
                 with self._lock:
-                    self._groups[group.name] = max(usage, self._groups.get(group.name, 0.0))
+                    self._groups[group.name] = usage
                 for pid in pids:
                     self._look_at(int(pid))
 
