@@ -7,11 +7,16 @@ figures in a routing span are the differences of those queries between the span'
 its end, evaluated at those instants, so the version label does the attribution and the spans
 only stratify the test as its SQL metrics are stratified. A query evaluated at a past instant
 gives the same answer later, so a resumed cutover recomputes the same statistics.
+
+A restarted application's counters start again from 0, and sum() hides that once they regrew
+past their value at the span's start: Prometheus's resets() of each selector of the query over
+the span tells, and such a span is left out as one whose difference is negative.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -81,6 +86,7 @@ class PrometheusOutcomes:
             for version in versions:
                 try:
                     self.value(_for(text, version), at)
+                    vector_selectors(_for(text, version))
                 except PromQLError as exc:
                     raise StateError(f"metric {metric.name}: its {flag} fails: {exc}; fix it "
                                      "and run `kappa metric define` again") from exc
@@ -88,7 +94,8 @@ class PrometheusOutcomes:
     def strata(self, metric: OutcomeMetric, spans: Sequence[RoutingSpan], *, baseline: str,
                candidate: str, until: datetime) -> tuple[list[Stratum], str | None]:
         """Per span, the (baseline, candidate) figures of the span, and a note of the spans
-        left out because a counter went down in them (the application restarted)."""
+        left out because a counter went down or was reset in them (the application
+        restarted)."""
         stops = [s.start for s in spans[1:]] + [until]
         found: list[Stratum] = []
         reset: list[int] = []
@@ -104,13 +111,15 @@ class PrometheusOutcomes:
                     summary = NOTHING
                 arms.append(summary)
             found.append((arms[0], arms[1]))
-        note = (f"a counter went down in routing span {', '.join(map(str, sorted(set(reset))))} "
-                "(the application restarted?): left out" if reset else None)
+        spans_reset = ", ".join(map(str, sorted(set(reset))))
+        note = (f"a counter went down or was reset in routing span {spans_reset} (the "
+                "application restarted?): left out" if reset else None)
         return found, note
 
     def _arm(self, metric: OutcomeMetric, version: str, start: datetime, stop: datetime, *,
              keep_stop: bool) -> ArmSummary | None:
-        """One version's figures between two instants; None if a counter went down."""
+        """One version's figures between two instants; None if a counter went down or was
+        reset."""
         assert metric.promql is not None and metric.promql_count is not None
         figures: list[float | None] = []
         for text in (metric.promql_count, metric.promql, metric.promql_squares):
@@ -124,9 +133,30 @@ class PrometheusOutcomes:
             delta = 0.0 if after is None else after - (before or 0.0)
             if delta < 0:
                 return None
+            # A restart sets the series back to 0; once it regrew past the start, only
+            # Prometheus, which keeps each series apart from the sum, can tell.
+            if after is not None and self._reset(query, start, stop, keep_stop=keep_stop):
+                return None
             figures.append(delta)
         count, total, squares = figures
         return summary_of(metric.kind, count or 0.0, total or 0.0, squares)
+
+    def _reset(self, query: str, start: datetime, stop: datetime, *, keep_stop: bool) -> bool:
+        """Whether Prometheus saw a counter of the query go back between the samples that its
+        values at ``start`` and at ``stop`` used."""
+        for selector in vector_selectors(query):
+            oldest = self._kept_value(f"min(timestamp({selector}))", start, keep=True)
+            # Back to the oldest sample the start's value used, and 1 ms more: that sample is
+            # inside Prometheus 2's left-closed range and Prometheus 3's left-open one alike,
+            # and the sample before it, a scrape interval older, is not.
+            reach_ms = (_milliseconds(stop.timestamp()) - _milliseconds(oldest) + 1
+                        if oldest is not None else
+                        _milliseconds(stop.timestamp()) - _milliseconds(start.timestamp()))
+            resets = self._kept_value(f"sum(resets({selector}[{max(reach_ms, 1)}ms]))", stop,
+                                      keep=keep_stop)
+            if resets is not None and resets > 0:
+                return True
+        return False
 
     def _kept_value(self, query: str, at: datetime, *, keep: bool) -> float | None:
         key = (query, at.timestamp())
@@ -146,6 +176,99 @@ def summary_of(kind: Kind, count: float, total: float, squares: float | None) ->
         return NOTHING
     raw = total if kind == Kind.PROPORTION or squares is None else squares
     return ArmSummary(n, total, max(0.0, raw - total * total / n))
+
+
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+# Numbers and durations (5m, 1h30m, 0x1f, 1e-3) in one token, so that a unit is no metric name.
+_NUMBER = re.compile(r"(?:0[xX][0-9A-Fa-f]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)[A-Za-z0-9_]*")
+_LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_KEYWORDS = _LABEL_LISTS | frozenset({
+    "bool", "offset", "and", "or", "unless", "atan2", "inf", "nan", "sum", "min", "max", "avg",
+    "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile",
+    "limitk", "limit_ratio"})
+_QUOTES = "\"'`"
+
+
+def vector_selectors(expression: str) -> list[str]:
+    """The vector selectors of a PromQL expression (``name``, ``name{...}`` or ``{...}``), each
+    once, in their order.
+
+    resets() takes a range of one selector, not of an expression, so a span's restarts are
+    asked for selector by selector. A tokenizer rather than a regular expression: braces and
+    brackets also occur in strings, and identifiers are also functions, keywords and the
+    labels of by (...) lists. A selector that has a range already is refused, as is an
+    expression without one: neither is a cumulative counter."""
+    found: list[str] = []
+    position = 0
+    while position < len(expression):
+        char = expression[position]
+        number = _NUMBER.match(expression, position) if char.isdigit() or char == "." else None
+        name = _NAME.match(expression, position)
+        if char in _QUOTES:
+            position = _position_after(expression, position + 1, char)
+            continue
+        if char == "#":  # a comment may hold anything, to the end of its line
+            line_end = expression.find("\n", position)
+            position = len(expression) if line_end < 0 else line_end + 1
+            continue
+        if number is not None:
+            position = number.end()
+            continue
+        if char == "[":  # a subquery's: a selector's is refused with the selector below
+            raise PromQLError(f"{expression!r} takes a range: give the counters themselves, "
+                              "e.g. sum(clicks_total{...}), and each span's increase is "
+                              "taken from them")
+        if name is not None:
+            word, following = name.group(), _skip_spaces(expression, name.end())
+            if word.lower() in _LABEL_LISTS and expression.startswith("(", following):
+                position = _position_after(expression, following + 1, ")")
+                continue
+            if word.lower() in _KEYWORDS or expression.startswith("(", following):
+                position = name.end()
+                continue
+            end = (_position_after(expression, following + 1, "}")
+                   if expression.startswith("{", following) else name.end())
+        elif char == "{":
+            end = _position_after(expression, position + 1, "}")
+        else:
+            position += 1
+            continue
+        selector = expression[position:end]
+        if expression.startswith("[", _skip_spaces(expression, end)):
+            raise PromQLError(f"{expression!r} takes a range: give sum({selector}), the "
+                              "counter itself, and each span's increase is taken from it")
+        if selector not in found:
+            found.append(selector)
+        position = end
+    if not found:
+        raise PromQLError(f"{expression!r} selects no series: give a counter, e.g. "
+                          "sum(clicks_total{served_by=\"{version}\"})")
+    return found
+
+
+def _position_after(expression: str, position: int, closing: str) -> int:
+    """The position after ``closing``, strings on the way skipped (a backslash escapes in
+    "..." and '...', not in `...`)."""
+    while position < len(expression):
+        char = expression[position]
+        if char == closing:
+            return position + 1
+        if char == "\\" and closing in "\"'":
+            position += 1
+        elif char in _QUOTES and closing not in _QUOTES:
+            position = _position_after(expression, position + 1, char) - 1
+        position += 1
+    raise PromQLError(f"{expression!r} misses a closing {closing!r}: close it")
+
+
+def _skip_spaces(expression: str, position: int) -> int:
+    while position < len(expression) and expression[position].isspace():
+        position += 1
+    return position
+
+
+def _milliseconds(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 def _for(text: str, version: str) -> str:

@@ -1,9 +1,11 @@
-"""PromQL outcome metrics' pure parts: what a definition must give, and how an arm's figures in
-each routing span come from cumulative counters (Prometheus itself is in the integration
-test of outcome cutovers)."""
+"""PromQL outcome metrics' pure parts: what a definition must give, how an arm's figures in
+each routing span come from cumulative counters, and which selectors of a query are asked for
+their resets (Prometheus itself is in the integration tests of outcome cutovers and of
+resets)."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +16,8 @@ from orchestrator.errors import KappaError
 from orchestrator.experiment.attribution import RoutingSpan
 from orchestrator.experiment.metrics import Kind, OutcomeMetric, Role
 from orchestrator.experiment.sequential import NOTHING, summarize
-from orchestrator.metrics.promql import PrometheusOutcomes, summary_of
+from orchestrator.metrics import promql
+from orchestrator.metrics.promql import PrometheusOutcomes, PromQLError, summary_of
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 SUM = 'sum(clicks_total{served_by="{version}"})'
@@ -56,16 +59,31 @@ def test_a_proportion_needs_no_squares(values: list[float]) -> None:
     assert found.squares == pytest.approx(expected.squares, abs=1e-9)
 
 
-class _Counters(PrometheusOutcomes):
-    """Cumulative counters by (query, instant), as Prometheus would answer them."""
+_OLDEST = re.compile(r"min\(timestamp\((?P<selector>.+)\)\)")
+_RESETS = re.compile(r"sum\(resets\((?P<selector>.+)\[(?P<reach_ms>\d+)ms\]\)\)")
 
-    def __init__(self, known: dict[tuple[str, datetime], float]):
+
+class _Counters(PrometheusOutcomes):
+    """Cumulative counters by (query, instant), as Prometheus would answer them; also the
+    timestamp of the oldest sample a selector's instant value uses, and the resets Prometheus
+    counts for a selector in the range that ends at an instant (none unless told)."""
+
+    def __init__(self, known: dict[tuple[str, datetime], float],
+                 oldest: dict[tuple[str, datetime], datetime] | None = None,
+                 resets: dict[tuple[str, datetime], int] | None = None):
         super().__init__("http://unused", timeout_s=1)
         self.known = known
+        self.oldest = oldest or {}
+        self.resets = resets or {}
         self.asked: list[tuple[str, datetime]] = []
 
     def value(self, query: str, at: datetime) -> float | None:
         self.asked.append((query, at))
+        if found := _OLDEST.fullmatch(query):
+            sample = self.oldest.get((found["selector"], at))
+            return None if sample is None else sample.timestamp()
+        if found := _RESETS.fullmatch(query):
+            return self.resets.get((found["selector"], at), 0)
         return self.known.get((query, at))
 
 
@@ -110,3 +128,66 @@ def test_a_counter_that_went_down_leaves_its_span_out_and_says_so() -> None:
     assert found[1][1].count == 15
     assert found[2] == (NOTHING, NOTHING)  # a third version served every key
     assert note is not None and "routing span 1 " in note
+
+
+@pytest.mark.parametrize(("expression", "selectors"), [
+    ('sum(clicks_total{served_by="v1"})', ['clicks_total{served_by="v1"}']),
+    ('sum by (url) (reads_total{served_by="v1", url=~"/a.*"})',
+     ['reads_total{served_by="v1", url=~"/a.*"}']),
+    ('sum(a_total{served_by="v1"}) + sum without (pod, job) (b_total{served_by="v1"})',
+     ['a_total{served_by="v1"}', 'b_total{served_by="v1"}']),
+    ('sum({__name__="reads_total", served_by="v1"})',
+     ['{__name__="reads_total", served_by="v1"}']),
+    ('sum(reads_total{path="/a{b}]", served_by="v1"}) / sum(reads_total{path="/a{b}]", '
+     'served_by="v1"})', ['reads_total{path="/a{b}]", served_by="v1"}']),
+    ('label_replace(sum by (src) (x_total{served_by=\'v1\'}), "dst", "{x}(", "src", `(.*)`)',
+     ["x_total{served_by='v1'}"]),
+    ('SUM BY (url) (a_total) * ON (url) GROUP_LEFT (team) sum by (url, team) (b:rate_total) '
+     '> bool 0.5e3 or count_values("v{", c_total offset 5m) and sum(d_total @ 1700000000)',
+     ["a_total", "b:rate_total", "c_total", "d_total"]),
+])
+def test_the_selectors_of_an_expression_are_its_metrics_not_its_words(
+        expression: str, selectors: list[str]) -> None:
+    assert promql.vector_selectors(expression) == selectors
+
+
+@pytest.mark.parametrize(("expression", "says"), [
+    ('sum(rate(clicks_total{served_by="v1"}[5m]))',
+     r'takes a range: give sum\(clicks_total\{served_by="v1"\}\)'),
+    ('sum(clicks_total{served_by="v1"} [1h] offset 1d)', "takes a range"),
+    ('max_over_time(sum(clicks_total{served_by="v1"})[1h:1m])', "takes a range"),
+    ("vector(1) + time()", "selects no series: give a counter"),
+])
+def test_a_query_that_is_not_a_counter_is_refused_in_one_line(expression: str, says: str
+                                                                ) -> None:
+    with pytest.raises(PromQLError, match=says) as error:
+        promql.vector_selectors(expression)
+    assert "\n" not in str(error.value)
+
+
+def test_a_counter_reset_and_regrown_past_its_start_leaves_its_span_out() -> None:
+    """The application restarted in the first span: v1's reads went from 100,000 to 0 and
+    regrew to 120,000, so the sums' difference (20,000 reads, 2,000 conversions) is no figure of
+    the span. Prometheus counts that reset; the second span is whole."""
+    metric = OutcomeMetric("converts", Kind.PROPORTION, True, Role.DECISION, promql=SUM,
+                           promql_count=COUNT)
+    spans = [RoutingSpan(_at(0), "v1", "v2", 50), RoutingSpan(_at(10), "v1", "v2", 50)]
+    known: dict[tuple[str, datetime], float] = {}
+    for version, counts in (("v1", (100_000, 120_000, 120_400)), ("v2", (0, 10, 410))):
+        for seconds, value in zip((0, 10, 20), counts, strict=True):
+            if value:
+                known[(COUNT.replace("{version}", version), _at(seconds))] = value
+                known[(SUM.replace("{version}", version), _at(seconds))] = value / 10
+    v1_reads = 'reads_total{served_by="v1"}'
+    # The start's value of v1 came from a sample 1.5 s older than the span's start.
+    oldest = {(v1_reads, _at(0)): _at(0) - timedelta(milliseconds=1500)}
+    reader = _Counters(known, oldest, resets={(v1_reads, _at(10)): 1})
+    found, note = reader.strata(metric, spans, baseline="v1", candidate="v2", until=_at(20))
+    assert found[0][0] == NOTHING, found
+    assert found[0][1] == summary_of(Kind.PROPORTION, 10, 1.0, None)
+    assert found[1] == (summary_of(Kind.PROPORTION, 400, 40.0, None),
+                        summary_of(Kind.PROPORTION, 400, 40.0, None))
+    assert note is not None and "routing span 1 (" in note and "reset" in note, note
+    # Back to that oldest sample, and 1 ms more; v2 had no series at the start: the span.
+    assert (f"sum(resets({v1_reads}[11501ms]))", _at(10)) in reader.asked
+    assert ('sum(resets(reads_total{served_by="v2"}[10000ms]))', _at(10)) in reader.asked
