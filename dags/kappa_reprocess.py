@@ -7,7 +7,8 @@ Trigger with a conf, e.g.
      "max_lag": 0, "retire_previous": false}
 or, to judge the new version by its readers' outcomes (`kappa cutover --strategy`'s options,
 named as its flags are: start_percent, min_percent, max_percent, max_step, look_seconds,
-max_duration, no_data_timeout, alpha, mixture_sd, min_per_arm, allow_non_inferior):
+max_duration, no_data_timeout, alpha, mixture_sd, min_per_arm, attribution_delay,
+pre_period, allow_non_inferior):
     {"job_file": "jobs/pageview_counts/v2.py", "strategy": "bandit", "metrics": ["converts"],
      "look_seconds": 60, "max_duration": 86400}
 The outcome test defers between its looks, holding no worker slot.

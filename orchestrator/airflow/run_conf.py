@@ -33,6 +33,7 @@ EXPERIMENT_OPTIONS = {
     "max_percent": "max_percent", "max_step": "max_step", "look_seconds": "look_seconds",
     "max_duration": "max_duration_s", "no_data_timeout": "no_data_timeout_s", "alpha": "alpha",
     "mixture_sd": "mixture_sd", "min_per_arm": "min_per_arm",
+    "attribution_delay": "attribution_delay_s", "pre_period": "pre_period_s",
     "allow_non_inferior": "allow_non_inferior",
 }
 _WHOLE = {"start_percent", "min_percent", "max_percent", "max_step", "min_per_arm"}

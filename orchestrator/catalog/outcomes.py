@@ -2,17 +2,19 @@
 the looks of outcome cutovers.
 
 A metric's SQL is the operator's text: it runs only inside a READ ONLY transaction with a
-statement timeout, wrapped so that exactly the columns ``key``, ``value`` and ``observed_at``
-are read, and its ``{since}`` placeholder becomes a bound parameter. Observations are credited
-to the arm that served their key when they were observed, in SQL: the routing spans arrive as
-arrays, and a key's bucket is computed as the catalog's ``key_bucket()`` computes it, so the
-query needs nothing of the catalog in the application's database.
+statement timeout, wrapped so that exactly the columns ``key``, ``value``, ``observed_at`` (and
+``served_at`` where it gives it) are read, and its ``{since}`` placeholder becomes a bound
+parameter. Observations are credited to the arm that served their key when it was served, or
+else when they were observed, in SQL: the routing spans arrive as arrays, and a key's bucket is
+computed as the catalog's ``key_bucket()`` computes it, so the query needs nothing of the
+catalog in the application's database. They are grouped by key, the unit the alias splits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -22,8 +24,17 @@ from psycopg.types.json import Jsonb
 from orchestrator.catalog.db import qualified
 from orchestrator.errors import KappaError, NotFoundError, StateError
 from orchestrator.experiment.attribution import RoutingSpan, span_after
+from orchestrator.experiment.by_key import (
+    NO_EVIDENCE,
+    NO_KEYS,
+    Coefficient,
+    KeyedArm,
+    KeyedStrata,
+    KeySums,
+    Weighing,
+    weigh,
+)
 from orchestrator.experiment.metrics import Kind, OutcomeMetric, Role
-from orchestrator.experiment.sequential import NOTHING, ArmSummary, Stratum
 
 COLUMNS = ("key", "value", "observed_at")
 _NUMERIC_OIDS = {20, 21, 23, 700, 701, 1700}  # int8/2/4, float4/8, numeric
@@ -86,14 +97,20 @@ def resolve(conn: psycopg.Connection, schema: str, job: str, names: Sequence[str
 
 
 # Observations ---------------------------------------------------------------------------------
-def _observations(metric: OutcomeMetric) -> sql.Composable:
-    """The metric's query as a subquery of exactly (key text, value float8, observed_at)."""
+def _metric_text(metric: OutcomeMetric) -> str:
     assert metric.sql is not None
-    text = metric.sql.strip().rstrip(";").replace("%", "%%").replace("{since}", "%(since)s")
+    return metric.sql.strip().rstrip(";").replace("%", "%%").replace("{since}", "%(since)s")
+
+
+def _observations(metric: OutcomeMetric, served_at: bool) -> sql.Composable:
+    """The metric's query as a subquery of exactly (key text, value float8, observed_at,
+    served_at), served_at null where the metric does not give it."""
     return sql.Composed([
         sql.SQL("SELECT m.key::text AS key, m.value::float8 AS value, "
-                "m.observed_at::timestamptz AS observed_at FROM ("),
-        sql.SQL(text),  # type: ignore[arg-type]  # the operator's own query, read only
+                "m.observed_at::timestamptz AS observed_at, "
+                + ("m.served_at::timestamptz" if served_at else "NULL::timestamptz")
+                + " AS served_at FROM ("),
+        sql.SQL(_metric_text(metric)),  # type: ignore[arg-type]  # the operator's own query
         sql.SQL(") AS m"),
     ])
 
@@ -105,17 +122,16 @@ def _read_only(conn: psycopg.Connection, timeout_ms: int) -> None:
 
 
 def probe(conn: psycopg.Connection, metric: OutcomeMetric, *, since: datetime,
-          timeout_ms: int) -> None:
+          timeout_ms: int) -> bool:
     """Run the metric's query once, reading no row, to refuse before anything is switched a
-    query with a syntax error, other columns, or one that writes."""
-    assert metric.sql is not None
+    query with a syntax error, other columns, or one that writes. True when it gives
+    ``served_at``, the instant its key was served."""
     where = f"metric {metric.name}"
-    text = metric.sql.strip().rstrip(";").replace("%", "%%").replace("{since}", "%(since)s")
     try:
         with conn.transaction():
             _read_only(conn, timeout_ms)
             cur = conn.execute(sql.Composed([sql.SQL("SELECT * FROM ("),
-                                             sql.SQL(text),  # type: ignore[arg-type]
+                                             sql.SQL(_metric_text(metric)),  # type: ignore
                                              sql.SQL(") AS m LIMIT 0")]), {"since": since})
             found = [(c.name, c.type_code) for c in cur.description or []]
     except psycopg.errors.ReadOnlySqlTransaction as exc:
@@ -125,53 +141,185 @@ def probe(conn: psycopg.Connection, metric: OutcomeMetric, *, since: datetime,
         raise StateError(f"{where}: its SQL fails: {first_line(exc)}; fix it and run "
                          "`kappa metric define` again") from exc
     names = [name for name, _ in found]
-    if sorted(names) != sorted(COLUMNS):
+    if sorted(names) not in (sorted(COLUMNS), sorted((*COLUMNS, "served_at"))):
         raise StateError(f"{where}: its SQL must return exactly the columns key, value and "
-                         f"observed_at (alias them with AS), not {', '.join(names) or 'none'}")
+                         "observed_at, and served_at if it knows it (alias them with AS), not "
+                         f"{', '.join(names) or 'none'}")
     types = dict(found)
     if types["value"] not in _NUMERIC_OIDS:
         raise StateError(f"{where}: its value column must be a number (0/1 for a "
                          "proportion): cast it, e.g. converted::int AS value")
-    if types["observed_at"] not in _TIME_OIDS:
-        raise StateError(f"{where}: its observed_at column must be a timestamp, cast it with "
-                         "::timestamptz")
+    for column in ("observed_at", "served_at"):
+        if column in types and types[column] not in _TIME_OIDS:
+            raise StateError(f"{where}: its {column} column must be a timestamp, cast it "
+                             "with ::timestamptz")
+    return "served_at" in types
 
 
-def strata(conn: psycopg.Connection, metric: OutcomeMetric, spans: Sequence[RoutingSpan], *,
-           baseline: str, candidate: str, since: datetime, until: datetime, timeout_ms: int
-           ) -> list[Stratum]:
-    """Per span of the routing since ``since`` (spans that serve neither arm count for none),
-    the (baseline, candidate) summaries of the observations before ``until``, each credited to
-    the arm that served its key at its ``observed_at``."""
-    if not spans:
-        return []
-    stops = [s.start for s in spans[1:]] + [until]
-    bucket = sql.SQL("(('x' || substr(md5(o.key), 1, 8))::bit(32)::bigint %% 100)")
-    query = sql.SQL(
-        "WITH spans AS (SELECT * FROM unnest(%(starts)s::timestamptz[], %(stops)s::timestamptz[], "
-        "%(primaries)s::text[], %(candidates)s::text[], %(percents)s::int[]) WITH ORDINALITY "
-        "AS s(start, stop, primary_version, candidate_version, percent, n)), "
-        "o AS ({observations}), "
-        "credited AS (SELECT s.n, CASE WHEN s.candidate_version IS NOT NULL AND {bucket} < "
-        "s.percent THEN s.candidate_version ELSE s.primary_version END AS arm, o.value "
-        "FROM o JOIN spans s ON o.observed_at >= s.start AND o.observed_at < s.stop "
-        "WHERE o.key IS NOT NULL AND o.value IS NOT NULL) "
-        "SELECT n, arm, count(*), sum(value), coalesce(var_samp(value), 0) * (count(*) - 1) "
-        "FROM credited WHERE arm IN (%(baseline)s, %(candidate)s) GROUP BY n, arm").format(
-        observations=_observations(metric), bucket=bucket)
+@dataclass(frozen=True)
+class Attribution:
+    """How a look credits a metric's observations: the test's spans (its strata, from its
+    start); with ``delay_s`` or ``pre_period_s`` the alias's routing since that much before
+    the start, to look back on (the attribution window, and the keys' history: what they did
+    while the baseline served them)."""
+    spans: Sequence[RoutingSpan]
+    started: datetime
+    until: datetime
+    served_at: bool = False
+    delay_s: float = 0.0
+    routing: Sequence[RoutingSpan] = ()
+    pre_period_s: float = 0.0
+
+    @property
+    def history_since(self) -> datetime:
+        return self.started - timedelta(seconds=self.pre_period_s)
+
+
+def _spans_array(prefix: str, spans: Sequence[RoutingSpan], until: datetime) -> dict[str, Any]:
+    return {f"{prefix}starts": [s.start for s in spans],
+            f"{prefix}stops": [s.start for s in spans[1:]] + [until],
+            f"{prefix}primaries": [s.primary for s in spans],
+            f"{prefix}candidates": [s.candidate for s in spans],
+            f"{prefix}percents": [s.percent for s in spans]}
+
+
+def _serving(alias: str, key: str) -> sql.Composable:
+    """The version the span ``alias`` served ``key`` with: key_bucket() computed as the
+    catalog computes it, so the query needs nothing of the catalog in the application's
+    database."""
+    return sql.SQL(
+        "CASE WHEN {a}.candidate_version IS NOT NULL AND (('x' || substr(md5({k}), 1, 8))"
+        "::bit(32)::bigint %% 100) < {a}.percent THEN {a}.candidate_version "
+        "ELSE {a}.primary_version END").format(a=sql.Identifier(alias), k=sql.SQL(key))
+
+
+# by_key.key_history in SQL: each key's mean before the test less the mean of all, shrunk by
+# the share of its spread that is the key's own (between / (between + within / m)).
+_HISTORY = sql.SQL(
+    "pooled AS (SELECT sum(x) / sum(m) AS mean, sum(m) AS n, sum(m * m) AS nn, count(*) AS keys, "
+    "sum(xx - x * x / m) AS within_squares, sum(x * x / m) AS key_squares FROM before), "
+    "spread AS (SELECT mean, CASE WHEN n > keys THEN greatest(within_squares / (n - keys), 0) "
+    "ELSE 0 END AS within, n, nn, keys, key_squares FROM pooled), "
+    "components AS (SELECT mean, within, CASE WHEN n - nn / n > 0 THEN greatest((key_squares "
+    "- n * mean * mean - within * (keys - 1)) / (n - nn / n), 0) ELSE 0 END AS between "
+    "FROM spread), "
+    "history AS (SELECT key, CASE WHEN m * between + within > 0 THEN m * between / "
+    "(m * between + within) ELSE 0 END * (x / m - mean) AS h FROM before, components)")
+
+
+def _cells(metric: OutcomeMetric, how: Attribution) -> sql.Composable:
+    """WITH ... cells: per stratum, arm and key, the observations kept, their sum and sum of
+    squares, and those left out because the key moved within the delay."""
+    spans = ("SELECT * FROM unnest(%({p}starts)s::timestamptz[], %({p}stops)s::timestamptz[], "
+             "%({p}primaries)s::text[], %({p}candidates)s::text[], %({p}percents)s::int[]) "
+             "WITH ORDINALITY AS {n}(start, stop, primary_version, candidate_version, percent, "
+             "n)")
+    at = "o.served_at" if how.served_at else "o.observed_at"
+    moved: sql.Composable = sql.SQL("false")
+    if how.delay_s > 0 and not how.served_at:
+        moved = sql.SQL(
+            "EXISTS (SELECT 1 FROM window_spans w WHERE w.start <= o.observed_at AND w.stop > "
+            "o.observed_at - %(delay)s * interval '1 second' AND {} IS DISTINCT FROM {})").format(
+            _serving("w", "o.key"), _serving("s", "o.key"))
+    served_by_baseline = sql.SQL("{} = %(baseline)s").format(_serving("w", "o.key"))
+    return sql.SQL(
+        "WITH spans AS ({spans}), window_spans AS ({window}), o AS ({observations}), "
+        "before AS (SELECT o.key, count(*) AS m, sum(o.value) AS x, sum(o.value * o.value) AS "
+        "xx FROM o JOIN window_spans w "
+        "ON {at} >= w.start AND {at} < w.stop WHERE o.key IS NOT NULL AND o.value IS NOT NULL "
+        "AND {at} >= %(history_since)s AND {at} < %(started)s AND o.observed_at < %(until)s "
+        "AND {baseline} GROUP BY o.key), "
+        "{history}, "
+        "credited AS (SELECT s.n, {arm} AS arm, o.key, o.value, {moved} AS moved, "
+        "coalesce(history.h, 0) AS h FROM o JOIN spans s ON {at} >= s.start AND {at} < s.stop "
+        "LEFT JOIN history ON history.key = o.key WHERE o.key IS NOT NULL AND "
+        "o.value IS NOT NULL AND o.observed_at < %(until)s AND {at} >= %(started)s), "
+        "cells AS (SELECT n, arm, key, count(*) FILTER (WHERE NOT moved) AS c, "
+        "coalesce(sum(value) FILTER (WHERE NOT moved), 0) AS y, "
+        "coalesce(sum(value * value) FILTER (WHERE NOT moved), 0) AS q, "
+        "count(*) FILTER (WHERE moved) AS moved, max(h) AS h FROM credited WHERE arm IN "
+        "(%(baseline)s, %(candidate)s) GROUP BY n, arm, key) ").format(
+        spans=sql.SQL(spans.format(p="", n="s")), window=sql.SQL(spans.format(p="w_", n="w")),
+        observations=_observations(metric, how.served_at), arm=_serving("s", "o.key"),
+        moved=moved, at=sql.SQL(at), baseline=served_by_baseline, history=_HISTORY)
+
+
+def strata(conn: psycopg.Connection, metric: OutcomeMetric, how: Attribution, *,
+           baseline: str, candidate: str, since: datetime, timeout_ms: int
+           ) -> tuple[KeyedStrata, int]:
+    """Per span of the test's routing (spans that serve neither arm count for none), each
+    arm's observations before ``how.until`` grouped by key, each credited to the arm that
+    served its key (:mod:`orchestrator.experiment.attribution` is the model of this SQL); and
+    how many were left out because their key moved within the attribution delay. Both passes
+    of :mod:`orchestrator.experiment.by_key` read one snapshot."""
+    if not how.spans:
+        return NO_EVIDENCE, 0
     params: dict[str, Any] = {
-        "starts": [s.start for s in spans], "stops": stops,
-        "primaries": [s.primary for s in spans], "candidates": [s.candidate for s in spans],
-        "percents": [s.percent for s in spans], "baseline": baseline, "candidate": candidate,
-        "since": since}
+        **_spans_array("", how.spans, how.until), **_spans_array("w_", how.routing, how.until),
+        "baseline": baseline, "candidate": candidate, "since": since, "until": how.until,
+        "started": how.started, "delay": how.delay_s, "history_since": how.history_since}
+    cells = _cells(metric, how)
     with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         _read_only(conn, timeout_ms)
-        rows = conn.execute(query, params).fetchall()
-    found: list[list[ArmSummary]] = [[NOTHING, NOTHING] for _ in spans]
-    for n, arm, count, total, squares in rows:
-        found[n - 1][0 if arm == baseline else 1] = ArmSummary(int(count), float(total),
-                                                                max(0.0, float(squares)))
-    return [(a, b) for a, b in found]
+        rows = conn.execute(cells + sql.SQL(
+            "SELECT n, arm, sum(c), sum(y), sum(q), count(*) FILTER (WHERE c > 0), "
+            "sum(c * c), coalesce(sum(y * y / c) FILTER (WHERE c > 0), 0), sum(c * h), "
+            "sum(c * h * h), sum(y * h), sum(moved) FROM cells GROUP BY n, arm"),
+            params).fetchall()
+        found: list[list[KeyedArm]] = [[NO_KEYS, NO_KEYS] for _ in how.spans]
+        left_out = 0
+        for row in rows:
+            n, arm, count, total, squares, keys, count_squares, key_squares = row[:8]
+            by_history, by_history_squares, total_history, moved = row[8:]
+            found[n - 1][0 if arm == baseline else 1] = KeyedArm(
+                int(count), float(total), float(squares), int(keys), float(count_squares),
+                float(key_squares), float(by_history), float(by_history_squares),
+                float(total_history))
+            left_out += int(moved)
+        keyed = tuple((a, b) for a, b in found)
+        weighing = weigh(keyed)
+        if weighing is None:
+            return KeyedStrata(keyed, None), left_out
+        return KeyedStrata(keyed, _key_sums(conn, cells, params, weighing)), left_out
+
+
+def _key_sums(conn: psycopg.Connection, cells: sql.Composable, params: dict[str, Any],
+              weighing: Weighing) -> KeySums:
+    """by_key's second pass: each key's sums against the first pass's coefficients."""
+    none = Coefficient(0.0, 0.0)
+    pairs = [pair or (none, none) for pair in weighing.coefficients]
+    row = conn.execute(cells + sql.SQL(
+        ", coefficients AS (SELECT * FROM unnest(%(base_weight)s::float8[], "
+        "%(base_mean)s::float8[], %(cand_weight)s::float8[], %(cand_mean)s::float8[]) WITH "
+        "ORDINALITY AS x(base_weight, base_mean, cand_weight, cand_mean, n)), "
+        "per_key AS (SELECT key, sum(CASE WHEN arm = %(candidate)s THEN cand_weight ELSE "
+        "base_weight END * c) AS loading, sum(CASE WHEN arm = %(candidate)s THEN cand_weight * "
+        "(y - %(theta)s * c * h - cand_mean * c) ELSE base_weight * "
+        "(y - %(theta)s * c * h - base_mean * c) END) AS residual, "
+        "bool_or(base_weight <> 0) AS used, sum(c) FILTER (WHERE arm = %(baseline)s) AS "
+        "base_n, sum(c) FILTER (WHERE arm = %(candidate)s) AS cand_n FROM cells JOIN "
+        "coefficients USING (n) WHERE c > 0 GROUP BY key) "
+        "SELECT coalesce(sum(loading * loading), 0), coalesce(sum(residual * residual), 0), "
+        "count(*) FILTER (WHERE used), count(base_n), count(cand_n), "
+        "coalesce(sum(base_n * base_n), 0), coalesce(sum(cand_n * cand_n), 0) FROM per_key"),
+        {**params, "base_weight": [a.weight for a, _ in pairs],
+         "base_mean": [a.mean for a, _ in pairs], "cand_weight": [b.weight for _, b in pairs],
+         "cand_mean": [b.mean for _, b in pairs], "theta": weighing.history_slope}).fetchone()
+    assert row is not None
+    loadings, residuals, keys, base_keys, cand_keys, base_squares, cand_squares = row
+    return KeySums(float(loadings), float(residuals), int(keys), int(base_keys), int(cand_keys),
+                   float(base_squares), float(cand_squares))
+
+
+def clock_skew(catalog: psycopg.Connection, outcomes_db: psycopg.Connection) -> float:
+    """How far the outcome database's clock is ahead of the catalog's, in seconds: its
+    instant against the middle of two catalog instants read around it (observed_at comes from
+    one clock, the routing history's instants from the other)."""
+    before = now(catalog)
+    theirs = now(outcomes_db)
+    after = now(catalog)
+    return (theirs - (before + (after - before) / 2)).total_seconds()
 
 
 def first_line(exc: BaseException) -> str:

@@ -62,7 +62,13 @@ def add_cutover_options(co: argparse.ArgumentParser) -> None:
              "before rolling back"),
             ("--alpha", float, "alpha", "the chance of any false decision"),
             ("--mixture-sd", float, "mixture_sd", "the mSPRT's mixture, in standard deviations"),
-            ("--min-per-arm", int, "min_per_arm", "observations per arm before any judgement")]:
+            ("--min-per-arm", int, "min_per_arm", "observations per arm before any judgement"),
+            ("--attribution-delay", float, "attribution_delay_s", "the longest seconds from "
+             "serving a key to its outcome, for metrics without served_at: outcomes whose key "
+             "changed arm within it are left out"),
+            ("--pre-period", float, "pre_period_s", "seconds of each key's outcomes before the "
+             "test (the baseline serving it) that take the keys' own differences out of the "
+             "test; 0 reads none")]:
         co.add_argument(flag, type=kind, dest=field,
                         help=f"{text} (default {getattr(defaults, field):g})")
     co.add_argument("--allow-non-inferior", action="store_true",
@@ -83,7 +89,8 @@ def design(args: argparse.Namespace) -> ExperimentDesign | None:
 
 
 _DESIGN_FIELDS = ("start_percent", "min_percent", "max_percent", "max_step", "look_seconds",
-                  "max_duration_s", "no_data_timeout_s", "alpha", "mixture_sd", "min_per_arm")
+                  "max_duration_s", "no_data_timeout_s", "alpha", "mixture_sd", "min_per_arm",
+                  "attribution_delay_s", "pre_period_s")
 
 
 def run(service: Any, args: argparse.Namespace) -> int:
@@ -142,15 +149,28 @@ def _experiment_text(found: dict[str, Any]) -> str:
     for m in last["evidence"]["metrics"]:
         for side in ("baseline", "candidate"):
             arm = m[side]
-            rows.append([m["metric"], m["role"], arm["version"], arm["count"], _num(arm["mean"]),
+            keys = arm.get("keys")
+            rows.append([m["metric"], m["role"], arm["version"], arm["count"],
+                         "unknown" if keys is None else keys, _num(arm["mean"]),
                          _interval(arm["interval"]),
                          _num(m["difference"]) if side == "candidate" else "",
                          _interval(m["interval"]) if side == "candidate" else "",
                          f"{_num(m['statistic'])} / {_num(m['threshold'])}"
                          if side == "candidate" else "",
                          m["outcome"] if side == "candidate" else ""])
-    lines.append(table(["metric", "role", "arm", "count", "mean", "interval", "difference",
-                        "its interval", "statistic / threshold", "outcome"], rows))
+    lines.append(table(["metric", "role", "arm", "count", "keys", "mean", "interval",
+                        "difference", "its interval", "statistic / threshold", "outcome"], rows))
+    for m in last["evidence"]["metrics"]:
+        if m.get("unit") is not None:  # looks stored before the key was the unit have none
+            lines.append(f"{m['metric']}: the {m['unit']} is the unit, variance "
+                         f"{_num(m.get('design_effect'))} x what counting observations says"
+                         + (f", keys' history slope {_num(m['history_slope'])}"
+                            if m.get("history_slope") else "")
+                         + (f"; {m['left_out']} observations left out (their key moved "
+                            "within --attribution-delay)" if m.get("left_out") else ""))
+    if last["evidence"].get("clock_skew_s") is not None:
+        lines.append(f"the outcome database's clock against the catalog's: "
+                     f"{last['evidence']['clock_skew_s']:+.3f} s")
     return "\n".join(lines)
 
 

@@ -1,8 +1,12 @@
 """Which version served a key at a moment, from the alias's routing history (pure).
 
-An observation counts for the arm that served its key when it was observed, never for the
-current split: a key that moved from one arm to the other during the test is credited to each
-for its own time span."""
+An observation counts for the arm that served its key when it was served (where the metric
+gives ``served_at``) or else when it was observed, never for the current split: a key that moved
+from one arm to the other during the test is credited to each for its own time span. An outcome
+observed some time after its key was served may belong to the arm the key had before it moved;
+with an attribution delay D, an observation whose key changed arm within D before it was
+observed is left out (and counted). This module is the model of the SQL that the command runs
+(catalog/outcomes.py), checked against it by an integration test."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import bisect
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 
 def key_bucket(key: str) -> int:
@@ -37,6 +41,7 @@ class Observation:
     key: str
     value: float
     observed_at: datetime
+    served_at: datetime | None = None
 
 
 def served_by(spans: Sequence[RoutingSpan], key: str, at: datetime) -> str | None:
@@ -61,6 +66,66 @@ def attribute(observations: Iterable[Observation], spans: Sequence[RoutingSpan],
         if arm in values:
             values[arm].append(obs.value)
     return values
+
+
+@dataclass(frozen=True)
+class Credited:
+    """Per stratum (a span of the test's routing) and arm, {key: (observations, sum, sum of
+    squares)}; and how many observations were left out because their key moved."""
+    cells: tuple[tuple[dict[str, tuple[int, float, float]], ...], ...]  # [stratum][arm]
+    left_out: int
+    before: dict[str, tuple[int, float, float]]  # per key before the test: n, sum, squares
+
+
+def credit(observations: Iterable[Observation], spans: Sequence[RoutingSpan],
+           arms: Sequence[str], *, started: datetime, until: datetime,
+           routing: Sequence[RoutingSpan] = (), delay_s: float = 0.0,
+           by_served_at: bool = False, history_since: datetime | None = None) -> Credited:
+    """The test's evidence as the SQL computes it. ``spans``: the test's strata, from
+    ``started``; ``routing``: the alias's spans from the earlier of ``started - delay_s`` (the
+    window's look back) and ``history_since`` (from then until ``started``, what the keys did
+    while the baseline, ``arms[0]``, served them). Observations at or after ``until``,
+    credited before ``started``, or to neither arm, count for none."""
+    starts = [s.start for s in spans]
+    window = [s.start for s in routing]
+    cells: list[tuple[dict[str, tuple[int, float, float]], ...]] = [
+        tuple({} for _ in arms) for _ in spans]
+    left_out = 0
+    before: dict[str, tuple[int, float, float]] = {}
+    for obs in observations:
+        at = obs.served_at if by_served_at else obs.observed_at
+        if at is None or obs.observed_at >= until:
+            continue
+        if at < started:
+            at_index = bisect.bisect_right(window, at) - 1
+            if (history_since is not None and at >= history_since and at_index >= 0
+                    and at < _stop(routing, at_index) and
+                    routing[at_index].serves(obs.key) == arms[0]):
+                n, total, squares = before.get(obs.key, (0, 0.0, 0.0))
+                before[obs.key] = (n + 1, total + obs.value, squares + obs.value * obs.value)
+            continue
+        index = bisect.bisect_right(starts, at) - 1
+        if index < 0:
+            continue
+        arm = spans[index].serves(obs.key)
+        if arm not in arms:
+            continue
+        if delay_s > 0 and not by_served_at:
+            first = max(bisect.bisect_right(window, obs.observed_at - timedelta(
+                seconds=delay_s)) - 1, 0)
+            last = bisect.bisect_right(window, obs.observed_at) - 1
+            if any(routing[i].serves(obs.key) != arm for i in range(first, last + 1)):
+                left_out += 1
+                continue
+        by_key = cells[index][arms.index(arm)]
+        n, total, squares = by_key.get(obs.key, (0, 0.0, 0.0))
+        by_key[obs.key] = (n + 1, total + obs.value, squares + obs.value * obs.value)
+    return Credited(tuple(cells), left_out, before)
+
+
+def _stop(spans: Sequence[RoutingSpan], index: int) -> datetime:
+    return spans[index + 1].start if index + 1 < len(spans) else datetime.max.replace(
+        tzinfo=spans[index].start.tzinfo)
 
 
 def span_after(at: datetime, action: str, from_version: str | None, to_version: str | None,

@@ -7,10 +7,11 @@ reader by reader, so that probability is what we need, and it is computed in clo
 than drawn: the same evidence always gives the same share, and a resumed cutover moves exactly as
 the killed one would have.
 
-- Proportions have Beta(1 + conversions, 1 + misses) posteriors, means a normal posterior around
-  the sample mean; the probability that one arm beats the other takes the normal approximation
-  of each posterior (good once each arm has a few dozen observations; no share moves before
-  ``min_per_arm``).
+- The posterior of the difference is normal around the test's own estimate, with the model's
+  variance by key (:mod:`orchestrator.experiment.by_key`): the keys that each arm happens to
+  hold are part of the uncertainty, so a share does not chase the fixed difference that one
+  draw of keys makes between two equal versions. (The test takes the larger of the model's and
+  the sandwich's; the sandwich, noisy on few keys, would only slow the share down.)
 - The share moves towards 100 x that probability by at most ``max_step`` points per look and
   stays within ``[min_percent, max_percent]``.
 """
@@ -21,8 +22,7 @@ import math
 from dataclasses import dataclass
 
 from orchestrator.errors import StateError
-from orchestrator.experiment.metrics import Kind
-from orchestrator.experiment.sequential import ArmSummary
+from orchestrator.experiment.by_key import Estimate
 
 
 @dataclass(frozen=True)
@@ -39,25 +39,11 @@ class ShareLimits:
             raise StateError(f"--max-step must be at least 1 point, not {self.max_step}")
 
 
-def posterior(arm: ArmSummary, kind: Kind) -> tuple[float, float] | None:
-    """The posterior's mean and variance; None without enough data for one."""
-    if kind == Kind.PROPORTION:
-        hits = min(max(arm.total, 0.0), float(arm.count))
-        a, b = 1 + hits, 1 + arm.count - hits
-        return a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1))
-    mean, variance = arm.mean, arm.variance
-    if mean is None or variance is None:
-        return None
-    return mean, variance / arm.count
-
-
-def probability_better(baseline: ArmSummary, candidate: ArmSummary, kind: Kind,
-                       higher_is_better: bool) -> float:
-    """The posterior probability that the candidate is the better arm (0.5 without data)."""
-    a, b = posterior(baseline, kind), posterior(candidate, kind)
-    if a is None or b is None or a[1] + b[1] <= 0:
+def probability_better(found: Estimate, higher_is_better: bool) -> float:
+    """The posterior probability that the candidate is the better arm."""
+    if not 0 < found.model_variance < math.inf:
         return 0.5
-    z = (b[0] - a[0]) / math.sqrt(a[1] + b[1])
+    z = found.difference / math.sqrt(found.model_variance)
     if not higher_is_better:
         z = -z
     return 0.5 * (1 + math.erf(z / math.sqrt(2)))

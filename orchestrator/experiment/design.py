@@ -36,6 +36,12 @@ class ExperimentDesign:
     mixture_sd: float = 0.1  # the mSPRT's mixture, in pooled standard deviations
     min_per_arm: int = 100  # no look is judged on fewer observations per arm
     allow_non_inferior: bool = False  # promote a candidate shown no worse than its margin
+    # The longest time from serving a key to observing its outcome, for metrics without
+    # served_at: an outcome whose key changed arm within it is left out (0: none is).
+    attribution_delay_s: float = 0.0
+    # How far back before the test a key's history is read (its outcomes while the baseline
+    # served it): the covariate that takes the keys' own differences out of the test (0: none).
+    pre_period_s: float = 86400.0
 
     def __post_init__(self) -> None:
         if not self.metrics:
@@ -60,6 +66,12 @@ class ExperimentDesign:
             if not (math.isfinite(value) and value > 0):
                 raise StateError(f"{name.replace('_', '-')} must be a positive number, not "
                                  f"{value}")
+        if not (math.isfinite(self.attribution_delay_s) and self.attribution_delay_s >= 0):
+            raise StateError(f"--attribution-delay must be 0 or more seconds (the longest time "
+                             f"from serving a key to its outcome), not {self.attribution_delay_s}")
+        if not (math.isfinite(self.pre_period_s) and self.pre_period_s >= 0):
+            raise StateError(f"--pre-period must be 0 or more seconds (how far back before the "
+                             f"test each key's history is read), not {self.pre_period_s}")
         if self.min_per_arm < 2:
             raise StateError(f"--min-per-arm must be at least 2, not {self.min_per_arm}")
 

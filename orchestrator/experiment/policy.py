@@ -18,8 +18,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.experiment.by_key import Estimate, KeyedStrata, estimate_of
 from orchestrator.experiment.metrics import OutcomeMetric, Role
-from orchestrator.experiment.sequential import ArmSummary, Comparison, Stratum, compare, totals
+from orchestrator.experiment.sequential import ArmSummary, Comparison, always_valid, totals
 
 _AT_LEAST_NON_INFERIOR = ("better", "non_inferior")
 
@@ -36,8 +37,9 @@ class Judgement:
     metric: OutcomeMetric
     baseline: ArmSummary
     candidate: ArmSummary
-    comparison: Comparison | None
+    comparison: Comparison | None  # None below min_per_arm observations on an arm
     margin: float  # absolute: the relative margin times the baseline's mean
+    estimate: Estimate | None = None  # None until a span holds both arms, with some spread
 
     @property
     def bounds(self) -> tuple[float, float] | None:
@@ -72,14 +74,18 @@ class Decision:
     judgements: tuple[Judgement, ...]
 
 
-def judge(metric: OutcomeMetric, strata: Sequence[Stratum], *, alpha: float,
-          mixture_sd: float, min_per_arm: int) -> Judgement:
-    """``strata``: (baseline, candidate) per span of the alias's routing."""
-    comparison = compare(strata, alpha=alpha, mixture_sd=mixture_sd, min_per_arm=min_per_arm)
-    baseline, candidate = totals(strata)
+def judge(metric: OutcomeMetric, data: KeyedStrata, *, alpha: float, mixture_sd: float,
+          min_per_arm: int) -> Judgement:
+    """``data``: per span of the alias's routing, (baseline, candidate) grouped by key."""
+    baseline, candidate = totals(data.summaries)
+    found = estimate_of(data)
+    comparison = None
+    if found is not None and min(baseline.count, candidate.count) >= max(min_per_arm, 2):
+        comparison = always_valid(found.difference, found.variance, found.observation_variance,
+                                  found.strata, alpha=alpha, mixture_sd=mixture_sd)
     base = baseline.mean
     return Judgement(metric, baseline, candidate, comparison,
-                     metric.margin * abs(base) if base is not None else 0.0)
+                     metric.margin * abs(base) if base is not None else 0.0, found)
 
 
 def decide(judgements: Sequence[Judgement], *, at_deadline: bool = False,

@@ -15,20 +15,18 @@ confidence sequence: an interval that covers theta at every look at once, with p
 
 **Strata.** The observations come in strata, one per span of the alias's routing: within a span
 the split is fixed, and only between spans may it move (the bandit moves it at its looks, with
-the evidence). theta_hat is the inverse-variance weighted mean of the strata's differences,
-v = 1 / sum(1 / v_j), v_j = var * (1 / n_bj + 1 / n_aj). For Gaussian strata whose sizes are
-chosen before their data arrive, that is the likelihood of theta given all the data, so the
-mixture ratio above stays a martingale under the bandit's adaptive split; the pooled
-difference of means does not (in simulation, 1,000 A/A bandits at 40 looks decided falsely
-4.4 % of the time that way, and more with more looks). It also keeps a drift of the base rate
-over time (day and night) from passing for an effect while the split moves. With one span it
-is the plain two-sample test.
+the evidence). theta_hat is the precision-weighted mean of the strata's differences. For
+Gaussian strata whose sizes are chosen before their data arrive, that is the likelihood of theta
+given all the data, so the mixture ratio above stays a martingale under the bandit's adaptive
+split; the pooled difference of means does not (in simulation, 1,000 A/A bandits at 40 looks
+decided falsely 4.4 % of the time that way, and more with more looks). It also keeps a drift of
+the base rate over time (day and night) from passing for an effect while the split moves. With
+one span it is the plain two-sample test.
 
-The variance is plugged in from the data, pooled over both arms (the null hypothesis says they
-are one distribution; an arm's own variance, noisier on a small arm, let 4.1 % of 2,000
-simulated A/A bandits decide falsely at 100 looks, the pooled one 2.5 %), as Johari et al. do
-for conversions, so the guarantee is asymptotic: no look is judged before each arm has
-``min_per_arm`` observations.
+**The unit.** The estimate and its variance come from :mod:`orchestrator.experiment.by_key`,
+with the key as the unit (the alias splits keys). Its variance is plugged in from the data, so
+the guarantee is asymptotic: no look is judged before each arm has ``min_per_arm``
+observations.
 """
 
 from __future__ import annotations
@@ -118,43 +116,25 @@ def log_likelihood_ratio(estimate: float, v: float, tau2: float) -> float:
     return 0.5 * math.log(v / (v + tau2)) + tau2 * estimate * estimate / (2 * v * (v + tau2))
 
 
-def compare(strata: Sequence[Stratum], *, alpha: float, mixture_sd: float, min_per_arm: int
-            ) -> Comparison | None:
-    """None until both arms have ``min_per_arm`` observations and some spread.
+def always_valid(difference: float, variance: float, observation_variance: float, strata: int,
+                 *, alpha: float, mixture_sd: float) -> Comparison:
+    """The mSPRT on an estimate of the difference and its variance (see by_key for both).
 
-    ``mixture_sd`` is tau in units of the pooled standard deviation: the size of effect the test
-    is most sensitive to (a standardised effect, Cohen's d). It changes power, not validity."""
-    baseline, candidate = totals(strata)
-    if min(baseline.count, candidate.count) < max(min_per_arm, 2):
-        return None
-    pooled = (baseline.squares + candidate.squares) / (baseline.count + candidate.count - 2)
-    if pooled <= 0:
-        return None  # every observation equal: no evidence either way
-    weight = weighted = 0.0
-    used = 0
-    for a, b in strata:
-        if a.count and b.count:
-            a_mean, b_mean = a.total / a.count, b.total / b.count
-            w = 1 / (pooled / a.count + pooled / b.count)
-            weight += w
-            weighted += w * (b_mean - a_mean)
-            used += 1
-    if not used:
-        return None
-    v = 1 / weight
-    difference = weighted * v
-    tau2 = mixture_sd * mixture_sd * pooled
-    width = half_width(v, tau2, alpha)
+    ``mixture_sd`` is tau in units of one observation's standard deviation: the size of effect
+    the test is most sensitive to (a standardised effect, Cohen's d). It changes power, not
+    validity."""
+    tau2 = mixture_sd * mixture_sd * observation_variance
+    width = half_width(variance, tau2, alpha)
     return Comparison(difference, difference - width, difference + width,
-                      log_likelihood_ratio(difference, v, tau2), math.log(1 / alpha), v, used)
+                      log_likelihood_ratio(difference, variance, tau2), math.log(1 / alpha),
+                      variance, strata)
 
 
-def arm_interval(arm: ArmSummary, *, alpha: float, mixture_sd: float
-                 ) -> tuple[float, float] | None:
-    """An always-valid interval for one arm's mean (the same mixture, one sample)."""
-    mean, variance = arm.mean, arm.variance
-    if mean is None or variance is None or variance <= 0:
+def arm_interval(mean: float | None, variance: float, observation_variance: float, *,
+                 alpha: float, mixture_sd: float) -> tuple[float, float] | None:
+    """An always-valid interval for one arm's mean whose estimate has ``variance`` (the same
+    mixture, one sample)."""
+    if mean is None or not 0 < variance < math.inf or observation_variance <= 0:
         return None
-    v = variance / arm.count
-    width = half_width(v, mixture_sd * mixture_sd * variance, alpha)
+    width = half_width(variance, mixture_sd * mixture_sd * observation_variance, alpha)
     return mean - width, mean + width

@@ -21,11 +21,12 @@ from orchestrator.catalog import events, outcomes
 from orchestrator.catalog.db import connect
 from orchestrator.errors import KappaError, ServiceUnavailableError, StateError
 from orchestrator.experiment.attribution import spans_since
+from orchestrator.experiment.by_key import NO_EVIDENCE, KeyedStrata
 from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.experiment.look import Look, take_look
 from orchestrator.experiment.metrics import OutcomeMetric, Role
 from orchestrator.experiment.policy import Judgement, Verdict
-from orchestrator.experiment.sequential import Stratum, arm_interval
+from orchestrator.experiment.sequential import ArmSummary, arm_interval
 from orchestrator.failpoints import fail_point
 from orchestrator.metrics.promql import PrometheusOutcomes, PromQLError
 from orchestrator.plan.lag_wait import switch_when_lag_allows
@@ -33,6 +34,7 @@ from orchestrator.plan.lag_wait import switch_when_lag_allows
 Say = Callable[[str], None]
 _DECISIONS = {Verdict.PROMOTE.value, Verdict.ROLL_BACK.value}
 _POLL_S = 1.0  # how often a wait between looks checks that the plan still runs
+MAX_CLOCK_SKEW_S = 1.0  # between the catalog's clock and the outcome database's, per look
 
 
 class ExperimentRunner:
@@ -44,6 +46,7 @@ class ExperimentRunner:
         self.settings = host.catalog.settings
         self.schema = self.settings.catalog_schema
         self._reader: PrometheusOutcomes | None = None
+        self._served_at: dict[str, bool] = {}  # per SQL metric: does it give served_at?
 
     # Before anything is switched -------------------------------------------------------------
     def metrics(self) -> list[OutcomeMetric]:
@@ -58,8 +61,9 @@ class ExperimentRunner:
             since = outcomes.now(conn)
             for metric in found:
                 if metric.sql is not None:
-                    outcomes.probe(conn, metric, since=since,
-                                   timeout_ms=self.settings.metric_statement_timeout_ms)
+                    self._served_at[metric.name] = outcomes.probe(
+                        conn, metric, since=since,
+                        timeout_ms=self.settings.metric_statement_timeout_ms)
         promql = [m for m in found if m.promql is not None]
         if promql:
             versions = sorted({self.host._baseline(), self.host.version})
@@ -167,62 +171,90 @@ class ExperimentRunner:
     def _look(self, metrics: Sequence[OutcomeMetric], baseline: str, started: datetime,
               at: datetime, percent: int, evidence_at: datetime
               ) -> tuple[Look, dict[str, Any]]:
-        host = self.host
+        host, delay, pre = self.host, self.design.attribution_delay_s, self.design.pre_period_s
         with host.catalog.connection() as conn:
-            spans = spans_since(outcomes.routing_spans(conn, self.schema, host.alias), started)
-        strata: dict[str, Sequence[Stratum]] = {}
+            history = outcomes.routing_spans(conn, self.schema, host.alias)
+        spans = spans_since(history, started)
+        # Back to the attribution window's start or the keys' history's, the earlier.
+        back = started - timedelta(seconds=max(delay, pre))
+        routing = spans_since(history, back) if back < started else []
+        strata: dict[str, KeyedStrata] = {}
         errors: dict[str, str] = {}
+        left_out: dict[str, int] = {}
         for metric in metrics:
             if metric.promql is None:
                 continue
             try:
-                strata[metric.name], note = self._prometheus(metric).strata(
+                found, note = self._prometheus(metric).strata(
                     metric, spans, baseline=baseline, candidate=host.version, until=at)
+                strata[metric.name] = KeyedStrata.of_observations(found)
                 if note:
                     errors[metric.name] = note
             except PromQLError as exc:  # Prometheus away or the query failing now: no data
                 errors[metric.name] = str(exc)
-                strata[metric.name] = []
+                strata[metric.name] = NO_EVIDENCE
+        skew, refusal = None, None
         with self._outcomes() as conn:
+            if any(m.promql is None for m in metrics):
+                with host.catalog.connection() as catalog:
+                    skew = outcomes.clock_skew(catalog, conn)
+                if abs(skew) > MAX_CLOCK_SKEW_S:
+                    refusal = (f"the outcome database's clock is {skew:+.3f} s off the "
+                               f"catalog's (more than {MAX_CLOCK_SKEW_S:g} s): outcomes cannot "
+                               "be placed in the routing's spans; synchronise the clocks (NTP)")
             for metric in metrics:
                 if metric.promql is not None:
                     continue
+                if refusal is not None:
+                    strata[metric.name], errors[metric.name] = NO_EVIDENCE, refusal
+                    continue
+                how = outcomes.Attribution(spans, started, at,
+                                           self._served_at.get(metric.name, False), delay,
+                                           routing, pre)
                 try:
-                    strata[metric.name] = outcomes.strata(
-                        conn, metric, spans, baseline=baseline, candidate=host.version,
-                        since=started, until=at,
-                        timeout_ms=self.settings.metric_statement_timeout_ms)
+                    strata[metric.name], left_out[metric.name] = outcomes.strata(
+                        conn, metric, how, baseline=baseline, candidate=host.version,
+                        since=back, timeout_ms=self.settings.metric_statement_timeout_ms)
                 except psycopg.OperationalError as exc:
                     if conn.broken or conn.closed:
                         raise ServiceUnavailableError(
                             f"the outcome database went away during look: {exc}; run the "
                             "same cutover again to resume") from exc
                     errors[metric.name] = outcomes.first_line(exc)
-                    strata[metric.name] = []
+                    strata[metric.name] = NO_EVIDENCE
                 except psycopg.Error as exc:  # a query that fails now: no data, said
                     errors[metric.name] = outcomes.first_line(exc)
-                    strata[metric.name] = []
+                    strata[metric.name] = NO_EVIDENCE
         look = take_look(self.design, metrics, strata, percent=percent,
                          elapsed_s=(at - started).total_seconds(),
-                         silent_s=(at - evidence_at).total_seconds())
-        return look, self._evidence(look, baseline, errors)
+                         silent_s=(at - evidence_at).total_seconds(), refusal=refusal)
+        evidence = self._evidence(look, baseline, errors, left_out)
+        evidence["clock_skew_s"] = skew
+        return look, evidence
 
-    def _evidence(self, look: Look, baseline: str, errors: dict[str, str]) -> dict[str, Any]:
+    def _evidence(self, look: Look, baseline: str, errors: dict[str, str],
+                  left_out: dict[str, int]) -> dict[str, Any]:
         design = self.design
         metrics = []
         for j in look.decision.judgements:
-            c = j.comparison
+            c, found = j.comparison, j.estimate
             metrics.append({
                 "metric": j.metric.name, "role": j.metric.role.value,
                 "kind": j.metric.kind.value, "outcome": j.outcome,
-                "baseline": _arm(j, baseline, j.baseline, design),
-                "candidate": _arm(j, self.host.version, j.candidate, design),
+                "baseline": _arm(j, baseline, j.baseline, 0, design),
+                "candidate": _arm(j, self.host.version, j.candidate, 1, design),
                 "difference": c.difference if c else None,
                 "interval": [c.low, c.high] if c else None,
                 "statistic": c.statistic if c else None,
                 "threshold": c.threshold if c else None,
                 "strata": c.strata if c else 0, "margin": j.margin,
-                "alpha": design.alpha_per_metric, "error": errors.get(j.metric.name)})
+                "alpha": design.alpha_per_metric, "error": errors.get(j.metric.name),
+                # The unit of analysis: keys (the alias splits keys), or observations where
+                # the figures carry no key (PromQL counters).
+                "unit": None if found is None else "key" if found.keys else "observation",
+                "design_effect": found.design_effect if found else None,
+                "history_slope": found.history_slope if found else None,
+                "left_out": left_out.get(j.metric.name)})
         return {"baseline": baseline, "candidate": self.host.version, "metrics": metrics,
                 "p_better": look.p_better, "share": look.percent,
                 "strategy": design.strategy.value}
@@ -263,10 +295,14 @@ class ExperimentRunner:
         return connect(s.outcomes_pg_dsn or dsn, autocommit=True)
 
 
-def _arm(judgement: Judgement, version: str, summary: Any, design: ExperimentDesign
-         ) -> dict[str, Any]:
-    interval = arm_interval(summary, alpha=design.alpha_per_metric, mixture_sd=design.mixture_sd)
+def _arm(judgement: Judgement, version: str, summary: ArmSummary, side: int,
+         design: ExperimentDesign) -> dict[str, Any]:
+    found = judgement.estimate
+    interval = None if found is None else arm_interval(
+        summary.mean, found.arm_variances[side], found.observation_variance,
+        alpha=design.alpha_per_metric, mixture_sd=design.mixture_sd)
     return {"version": version, "count": summary.count, "mean": summary.mean,
+            "keys": found.keys[side] if found is not None and found.keys else None,
             "interval": list(interval) if interval else None}
 
 
