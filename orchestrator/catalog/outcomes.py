@@ -183,18 +183,26 @@ def _spans_array(prefix: str, spans: Sequence[RoutingSpan], until: datetime) -> 
             f"{prefix}percents": [s.percent for s in spans]}
 
 
-def _serving(alias: str, key: str) -> sql.Composable:
-    """The version the span ``alias`` served ``key`` with: key_bucket() computed as the
-    catalog computes it, so the query needs nothing of the catalog in the application's
-    database."""
+def _serving(prefix: str, span: str, key: str) -> sql.Composable:
+    """The version that span number ``span`` (1-based) of the arrays ``prefix`` served ``key``
+    with: key_bucket() computed as the catalog computes it, so the query needs nothing of the
+    catalog in the application's database."""
     return sql.SQL(
-        "CASE WHEN {a}.candidate_version IS NOT NULL AND (('x' || substr(md5({k}), 1, 8))"
-        "::bit(32)::bigint %% 100) < {a}.percent THEN {a}.candidate_version "
-        "ELSE {a}.primary_version END").format(a=sql.Identifier(alias), k=sql.SQL(key))
+        "CASE WHEN (%({p}candidates)s::text[])[{n}] IS NOT NULL AND (('x' || substr(md5({k}), 1, "
+        "8))::bit(32)::bigint %% 100) < (%({p}percents)s::int[])[{n}] THEN "
+        "(%({p}candidates)s::text[])[{n}] ELSE (%({p}primaries)s::text[])[{n}] END").format(
+        p=sql.SQL(prefix), n=sql.SQL(span), k=sql.SQL(key))
+
+
+def _span(prefix: str, instant: str) -> str:
+    """The 1-based number of the span of the arrays ``prefix`` that holds ``instant`` (0:
+    before the first): width_bucket() over the starts, a binary search."""
+    return f"width_bucket({instant}, %({prefix}starts)s::timestamptz[])"
 
 
 # by_key.key_history in SQL: each key's mean before the test less the mean of all, shrunk by
-# the share of its spread that is the key's own (between / (between + within / m)).
+# the share of its spread that is the key's own (between / (between + within / m)), and what
+# that leaves unknown (1 less that share). Materialized: read once, not once per observation.
 _HISTORY = sql.SQL(
     "pooled AS (SELECT sum(x) / sum(m) AS mean, sum(m) AS n, sum(m * m) AS nn, count(*) AS keys, "
     "sum(xx - x * x / m) AS within_squares, sum(x * x / m) AS key_squares FROM before), "
@@ -203,45 +211,48 @@ _HISTORY = sql.SQL(
     "components AS (SELECT mean, within, CASE WHEN n - nn / n > 0 THEN greatest((key_squares "
     "- n * mean * mean - within * (keys - 1)) / (n - nn / n), 0) ELSE 0 END AS between "
     "FROM spread), "
-    "history AS (SELECT key, CASE WHEN m * between + within > 0 THEN m * between / "
-    "(m * between + within) ELSE 0 END * (x / m - mean) AS h FROM before, components)")
+    "known AS (SELECT key, x / m - mean AS deviation, CASE WHEN m * between + within > 0 THEN "
+    "m * between / (m * between + within) ELSE 0 END AS share FROM before, components), "
+    "history AS MATERIALIZED (SELECT key, share * deviation AS h, 1 - share AS u FROM known)")
 
 
 def _cells(metric: OutcomeMetric, how: Attribution) -> sql.Composable:
     """WITH ... cells: per stratum, arm and key, the observations kept, their sum and sum of
-    squares, and those left out because the key moved within the delay."""
-    spans = ("SELECT * FROM unnest(%({p}starts)s::timestamptz[], %({p}stops)s::timestamptz[], "
-             "%({p}primaries)s::text[], %({p}candidates)s::text[], %({p}percents)s::int[]) "
-             "WITH ORDINALITY AS {n}(start, stop, primary_version, candidate_version, percent, "
-             "n)")
+    squares, and those left out because the key moved within the delay. The spans arrive as
+    arrays; an instant's span is a binary search in their starts, its routing read by
+    subscript."""
     at = "o.served_at" if how.served_at else "o.observed_at"
     moved: sql.Composable = sql.SQL("false")
     if how.delay_s > 0 and not how.served_at:
         moved = sql.SQL(
-            "EXISTS (SELECT 1 FROM window_spans w WHERE w.start <= o.observed_at AND w.stop > "
-            "o.observed_at - %(delay)s * interval '1 second' AND {} IS DISTINCT FROM {})").format(
-            _serving("w", "o.key"), _serving("s", "o.key"))
-    served_by_baseline = sql.SQL("{} = %(baseline)s").format(_serving("w", "o.key"))
+            "EXISTS (SELECT 1 FROM generate_series(greatest({first}, 1), {last}) AS w(n) "
+            "WHERE {then} IS DISTINCT FROM o.arm)").format(
+            first=sql.SQL(_span("w_", "o.observed_at - %(delay)s * interval '1 second'")),
+            last=sql.SQL(_span("w_", "o.observed_at")), then=_serving("w_", "w.n", "o.key"))
     return sql.SQL(
-        "WITH spans AS ({spans}), window_spans AS ({window}), o AS ({observations}), "
-        "before AS (SELECT o.key, count(*) AS m, sum(o.value) AS x, sum(o.value * o.value) AS "
-        "xx FROM o JOIN window_spans w "
-        "ON {at} >= w.start AND {at} < w.stop WHERE o.key IS NOT NULL AND o.value IS NOT NULL "
-        "AND {at} >= %(history_since)s AND {at} < %(started)s AND o.observed_at < %(until)s "
-        "AND {baseline} GROUP BY o.key), "
+        "WITH observed AS ({observations}), "
+        "before AS MATERIALIZED (SELECT o.key, count(*) AS m, sum(o.value) AS x, "
+        "sum(o.value * o.value) AS xx FROM (SELECT *, {window_span} AS w FROM observed o "
+        "WHERE {at} >= %(history_since)s AND {at} < %(started)s AND observed_at < %(until)s "
+        "AND key IS NOT NULL AND value IS NOT NULL) o "
+        "WHERE o.w > 0 AND {baseline} = %(baseline)s GROUP BY o.key), "
         "{history}, "
-        "credited AS (SELECT s.n, {arm} AS arm, o.key, o.value, {moved} AS moved, "
-        "coalesce(history.h, 0) AS h FROM o JOIN spans s ON {at} >= s.start AND {at} < s.stop "
-        "LEFT JOIN history ON history.key = o.key WHERE o.key IS NOT NULL AND "
-        "o.value IS NOT NULL AND o.observed_at < %(until)s AND {at} >= %(started)s), "
+        "o AS (SELECT o.*, {arm} AS arm FROM (SELECT *, {test_span} AS n FROM observed o WHERE "
+        "key IS NOT NULL AND value IS NOT NULL AND observed_at < %(until)s AND {at} >= "
+        "%(started)s AND {at} < %(until)s) o WHERE o.n > 0), "
+        "credited AS (SELECT o.n, o.arm, o.key, o.value, {moved} AS moved, "
+        "coalesce(history.h, 0) AS h, coalesce(history.u, 1) AS u FROM o LEFT JOIN history "
+        "ON history.key = o.key WHERE o.arm IN (%(baseline)s, %(candidate)s)), "
         "cells AS (SELECT n, arm, key, count(*) FILTER (WHERE NOT moved) AS c, "
         "coalesce(sum(value) FILTER (WHERE NOT moved), 0) AS y, "
         "coalesce(sum(value * value) FILTER (WHERE NOT moved), 0) AS q, "
-        "count(*) FILTER (WHERE moved) AS moved, max(h) AS h FROM credited WHERE arm IN "
-        "(%(baseline)s, %(candidate)s) GROUP BY n, arm, key) ").format(
-        spans=sql.SQL(spans.format(p="", n="s")), window=sql.SQL(spans.format(p="w_", n="w")),
-        observations=_observations(metric, how.served_at), arm=_serving("s", "o.key"),
-        moved=moved, at=sql.SQL(at), baseline=served_by_baseline, history=_HISTORY)
+        "count(*) FILTER (WHERE moved) AS moved, max(h) AS h, max(u) AS u FROM credited "
+        "GROUP BY n, arm, key) ").format(
+        observations=_observations(metric, how.served_at), at=sql.SQL(at),
+        window_span=sql.SQL(_span("w_", at.replace("o.", ""))),
+        baseline=_serving("w_", "o.w", "o.key"), history=_HISTORY,
+        test_span=sql.SQL(_span("", at.replace("o.", ""))), arm=_serving("", "o.n", "o.key"),
+        moved=moved)
 
 
 def strata(conn: psycopg.Connection, metric: OutcomeMetric, how: Attribution, *,
@@ -265,17 +276,19 @@ def strata(conn: psycopg.Connection, metric: OutcomeMetric, how: Attribution, *,
         rows = conn.execute(cells + sql.SQL(
             "SELECT n, arm, sum(c), sum(y), sum(q), count(*) FILTER (WHERE c > 0), "
             "sum(c * c), coalesce(sum(y * y / c) FILTER (WHERE c > 0), 0), sum(c * h), "
-            "sum(c * h * h), sum(y * h), sum(moved) FROM cells GROUP BY n, arm"),
+            "sum(c * h * h), sum(y * h), sum(c * u), sum(c * c * u), sum(moved) FROM cells "
+            "GROUP BY n, arm"),
             params).fetchall()
         found: list[list[KeyedArm]] = [[NO_KEYS, NO_KEYS] for _ in how.spans]
         left_out = 0
         for row in rows:
             n, arm, count, total, squares, keys, count_squares, key_squares = row[:8]
-            by_history, by_history_squares, total_history, moved = row[8:]
+            by_history, by_history_squares, total_history, by_unknown, squares_unknown, moved = \
+                row[8:]
             found[n - 1][0 if arm == baseline else 1] = KeyedArm(
                 int(count), float(total), float(squares), int(keys), float(count_squares),
                 float(key_squares), float(by_history), float(by_history_squares),
-                float(total_history))
+                float(total_history), float(by_unknown), float(squares_unknown))
             left_out += int(moved)
         keyed = tuple((a, b) for a, b in found)
         weighing = weigh(keyed)
@@ -298,11 +311,12 @@ def _key_sums(conn: psycopg.Connection, cells: sql.Composable, params: dict[str,
         "(y - %(theta)s * c * h - cand_mean * c) ELSE base_weight * "
         "(y - %(theta)s * c * h - base_mean * c) END) AS residual, "
         "bool_or(base_weight <> 0) AS used, sum(c) FILTER (WHERE arm = %(baseline)s) AS "
-        "base_n, sum(c) FILTER (WHERE arm = %(candidate)s) AS cand_n FROM cells JOIN "
-        "coefficients USING (n) WHERE c > 0 GROUP BY key) "
-        "SELECT coalesce(sum(loading * loading), 0), coalesce(sum(residual * residual), 0), "
+        "base_n, sum(c) FILTER (WHERE arm = %(candidate)s) AS cand_n, max(u) AS u FROM cells "
+        "JOIN coefficients USING (n) WHERE c > 0 GROUP BY key) "
+        "SELECT coalesce(sum(loading * loading * u), 0), coalesce(sum(residual * residual), 0), "
         "count(*) FILTER (WHERE used), count(base_n), count(cand_n), "
-        "coalesce(sum(base_n * base_n), 0), coalesce(sum(cand_n * cand_n), 0) FROM per_key"),
+        "coalesce(sum(base_n * base_n * u), 0), coalesce(sum(cand_n * cand_n * u), 0) "
+        "FROM per_key"),
         {**params, "base_weight": [a.weight for a, _ in pairs],
          "base_mean": [a.mean for a, _ in pairs], "cand_weight": [b.weight for _, b in pairs],
          "cand_mean": [b.mean for _, b in pairs], "theta": weighing.history_slope}).fetchone()

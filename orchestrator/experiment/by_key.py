@@ -57,6 +57,19 @@ class KeyedArm:
     count_history: float = 0.0
     history_squares: float = 0.0
     total_history: float = 0.0
+    # And u_i, how much of the key's own level its history leaves unknown (1 without one):
+    # sum n_i u_i and sum n_i^2 u_i; None: every u_i is 1.
+    count_unknown: float | None = None
+    count_squares_unknown: float | None = None
+
+    @property
+    def unknown_count(self) -> float:
+        return self.count if self.count_unknown is None else self.count_unknown
+
+    @property
+    def unknown_count_squares(self) -> float:
+        return (self.count_squares if self.count_squares_unknown is None
+                else self.count_squares_unknown)
 
     @property
     def summary(self) -> ArmSummary:
@@ -80,11 +93,13 @@ KeyedStratum = tuple[KeyedArm, KeyedArm]  # (baseline, candidate) within one rou
 
 
 def keyed_arm(cells: Iterable[tuple[int, float, float]],
-              history: Iterable[float] | None = None) -> KeyedArm:
-    """An arm from its keys' (observations, sum, sum of squares), and their histories."""
+              history: Iterable[tuple[float, float]] | None = None) -> KeyedArm:
+    """An arm from its keys' (observations, sum, sum of squares), and their histories
+    (:func:`key_history`'s (shift, unknown) per key)."""
     count, total, squares, keys, count_squares, key_squares = 0, 0.0, 0.0, 0, 0.0, 0.0
-    by_history = [0.0, 0.0, 0.0]
-    for (n, y, q), h in zip(cells, history if history is not None else _zeros(), strict=False):
+    by_history = [0.0, 0.0, 0.0, 0.0, 0.0]
+    for (n, y, q), (h, u) in zip(cells, history if history is not None else _no_history(),
+                                 strict=False):
         if n <= 0:
             continue
         count += n
@@ -93,22 +108,24 @@ def keyed_arm(cells: Iterable[tuple[int, float, float]],
         keys += 1
         count_squares += n * n
         key_squares += y * y / n
-        by_history[0] += n * h
-        by_history[1] += n * h * h
-        by_history[2] += y * h
+        for index, term in enumerate((n * h, n * h * h, y * h, n * u, n * n * u)):
+            by_history[index] += term
     return KeyedArm(count, total, squares, keys, count_squares, key_squares, *by_history)
 
 
-def _zeros() -> Iterable[float]:
+def _no_history() -> Iterable[tuple[float, float]]:
     while True:
-        yield 0.0
+        yield 0.0, 1.0
 
 
-def key_history(before: Mapping[str, tuple[int, float, float]]) -> dict[str, float]:
+def key_history(before: Mapping[str, tuple[int, float, float]]
+                ) -> dict[str, tuple[float, float]]:
     """Each key's history from its (observations, sum, sum of squares) before the test: its
-    mean less the mean of every observation then, shrunk by how much of its spread is the key's
-    own and not noise (empirical Bayes: a key seen twice tells little about itself, one seen
-    ten thousand times all). The catalog's SQL computes the same."""
+    *shift*, its mean less the mean of every observation then, shrunk by how much of its spread
+    is the key's own and not noise (empirical Bayes: a key seen twice tells little about
+    itself, one seen ten thousand times all); and what its level still has *unknown*, 1 less
+    that reliability (the key's own variance after its history, relative to the keys'). The
+    catalog's SQL computes the same."""
     seen = {key: cell for key, cell in before.items() if cell[0] > 0}
     count = sum(n for n, _, _ in seen.values())
     if not count:
@@ -121,8 +138,11 @@ def key_history(before: Mapping[str, tuple[int, float, float]]) -> dict[str, flo
     scale = count - sum(n * n for n, _, _ in seen.values()) / count
     between = (max(0.0, (between_squares - within * (len(seen) - 1)) / scale)
                if scale > 0 else 0.0)
-    return {key: _reliability(n, between, within) * (y / n - mean)
-            for key, (n, y, _) in seen.items()}
+    found = {}
+    for key, (n, y, _) in seen.items():
+        known = _reliability(n, between, within)
+        found[key] = (known * (y / n - mean), 1.0 - known)
+    return found
 
 
 def _reliability(count: float, between: float, within: float) -> float:
@@ -147,7 +167,9 @@ def adjusted(arm: KeyedArm, theta: float) -> KeyedArm:
         return arm
     shift = 2 * theta * arm.total_history - theta * theta * arm.history_squares
     return KeyedArm(arm.count, arm.total - theta * arm.count_history, arm.squares - shift,
-                    arm.keys, arm.count_squares, arm.key_squares - shift)
+                    arm.keys, arm.count_squares, arm.key_squares - shift,
+                    count_unknown=arm.count_unknown,
+                    count_squares_unknown=arm.count_squares_unknown)
 
 
 @dataclass(frozen=True)
@@ -163,12 +185,12 @@ class KeySums:
     """The second pass over the keys, against a :class:`Weighing`'s coefficients. For key i
     with n_ij observations summing to y_ij in stratum j, L_i = sum_j c_j n_ij and
     psi_i = sum_j c_j (y_ij - m_j n_ij), over the strata and arm that held it."""
-    loadings: float  # sum_i L_i^2
+    loadings: float  # sum_i L_i^2 u_i (u_i: what the key's history leaves unknown, 1 without)
     residuals: float  # sum_i psi_i^2
     keys: int  # keys with an observation in a stratum that holds both arms
     baseline_keys: int
     candidate_keys: int
-    baseline_count_squares: float  # sum over the baseline's keys of (their observations)^2
+    baseline_count_squares: float  # sum over the baseline's keys of (their observations)^2 u_i
     candidate_count_squares: float
 
 
@@ -217,14 +239,16 @@ def weigh(strata: Sequence[KeyedStratum]) -> Weighing | None:
     within_df = sum(c.count - c.keys for c in cells)
     between_squares = sum(c.key_squares - c.total * c.total / c.count for c in cells)
     between_df = sum(c.keys - 1 for c in cells)
-    between_scale = sum(c.count - c.count_squares / c.count for c in cells)
+    # A key's own variance is taken as proportional to what its history leaves unknown.
+    between_scale = sum(c.unknown_count - c.unknown_count_squares / c.count for c in cells)
     around_cells = sum(c.squares - c.total * c.total / c.count for c in cells)
     cell_df = sum(c.count - 1 for c in cells)
     within = max(0.0, within_squares / within_df) if within_df > 0 else 0.0
     between = (max(0.0, (between_squares - within * between_df) / between_scale)
                if between_scale > 0 else 0.0)
     observation_variance = max(0.0, around_cells / cell_df) if cell_df > 0 else 0.0
-    variances = [between * (a.count_squares / a.count ** 2 + b.count_squares / b.count ** 2)
+    variances = [between * (a.unknown_count_squares / a.count ** 2
+                            + b.unknown_count_squares / b.count ** 2)
                  + within * (1 / a.count + 1 / b.count) for a, b in usable]
     if min(variances) <= 0 or observation_variance <= 0:
         return None  # every value equal (or every key's): no evidence either way
@@ -306,9 +330,10 @@ Cell = tuple[int, float]  # (observations, sum) of one key in one stratum and ar
 
 
 def key_sums(weighing: Weighing, cells: Mapping[str, Sequence[Mapping[str, Cell]]],
-             history: Mapping[str, float] | None = None) -> KeySums:
+             history: Mapping[str, tuple[float, float]] | None = None) -> KeySums:
     """``cells``: per stratum, (baseline, candidate) as {key: (observations, sum)}, given as
-    ``{"baseline": [...per stratum...], "candidate": [...]}``; ``history``: each key's."""
+    ``{"baseline": [...per stratum...], "candidate": [...]}``; ``history``: each key's
+    (shift, unknown) from :func:`key_history`."""
     theta, histories = weighing.history_slope, history or {}
     loading: dict[str, float] = {}
     residual: dict[str, float] = {}
@@ -323,10 +348,15 @@ def key_sums(weighing: Weighing, cells: Mapping[str, Sequence[Mapping[str, Cell]
                 if pair is None:
                     continue
                 c = pair[side]
+                adjusted_sum = y - theta * n * histories.get(key, (0.0, 1.0))[0]
                 loading[key] = loading.get(key, 0.0) + c.weight * n
-                adjusted_sum = y - theta * n * histories.get(key, 0.0)
                 residual[key] = residual.get(key, 0.0) + c.weight * (adjusted_sum - c.mean * n)
-    return KeySums(sum(v * v for v in loading.values()), sum(v * v for v in residual.values()),
-                   len(loading), len(arm_counts[0]), len(arm_counts[1]),
-                   float(sum(n * n for n in arm_counts[0].values())),
-                   float(sum(n * n for n in arm_counts[1].values())))
+
+    def unknown(key: str) -> float:
+        return histories.get(key, (0.0, 1.0))[1]
+
+    return KeySums(sum(v * v * unknown(k) for k, v in loading.items()),
+                   sum(v * v for v in residual.values()), len(loading), len(arm_counts[0]),
+                   len(arm_counts[1]),
+                   float(sum(n * n * unknown(k) for k, n in arm_counts[0].items())),
+                   float(sum(n * n * unknown(k) for k, n in arm_counts[1].items())))

@@ -83,8 +83,9 @@ class _Cells:
         np.add.at(self.q, (span, key), value * value)
 
     def strata(self, candidate: npt.NDArray[np.bool_], spans: int, by_key: bool,
-               history: Floats) -> KeyedStrata:
-        """Spans 1..spans-1 (span 0 is before the test); ``history``: each key's."""
+               history: Floats, unknown: Floats) -> KeyedStrata:
+        """Spans 1..spans-1 (span 0 is before the test); ``history`` and ``unknown``: each
+        key's (by_key.key_history)."""
         n, y, q, cand = self.n[1:spans], self.y[1:spans], self.q[1:spans], candidate[1:spans]
         arms = []
         for side in (~cand, cand):
@@ -93,20 +94,21 @@ class _Cells:
             columns = (cn.sum(1), cy.sum(1), (q * side).sum(1), seen.sum(1), (cn ** 2).sum(1),
                        (np.where(seen, cy ** 2 / np.where(seen, cn, 1.0), 0.0)).sum(1),
                        (cn * history).sum(1), (cn * history ** 2).sum(1),
-                       (cy * history).sum(1))
+                       (cy * history).sum(1), (cn * unknown).sum(1),
+                       (cn ** 2 * unknown).sum(1))
             arms.append([KeyedArm(int(row[0]), row[1], row[2], int(row[3]), row[4], row[5],
-                                  row[6], row[7], row[8])
+                                  row[6], row[7], row[8], row[9], row[10])
                          for row in zip(*(c.tolist() for c in columns), strict=True)])
         strata = tuple(zip(arms[0], arms[1], strict=True))
         if not by_key:
             return KeyedStrata.of_observations([(a.summary, b.summary) for a, b in strata])
         weighing = weigh(strata)
         return KeyedStrata(strata, None if weighing is None else
-                           array_key_sums(weighing, n, y, cand, history))
+                           array_key_sums(weighing, n, y, cand, history, unknown))
 
 
 def array_key_sums(weighing: Weighing, n: Floats, y: Floats, candidate: npt.NDArray[np.bool_],
-                   history: Floats) -> KeySums:
+                   history: Floats, unknown: Floats) -> KeySums:
     """The second pass of by_key over the cells (numpy; by_key.key_sums is its reference)."""
     rows = len(n)
     weight = np.zeros((rows, 2))
@@ -121,10 +123,10 @@ def array_key_sums(weighing: Weighing, n: Floats, y: Floats, candidate: npt.NDAr
     loading = (c * n).sum(0)
     residual = (c * (y - weighing.history_slope * n * history - m * n)).sum(0)
     per_arm = [(n * ~candidate).sum(0), (n * candidate).sum(0)]
-    return KeySums(float((loading ** 2).sum()), float((residual ** 2).sum()),
+    return KeySums(float((loading ** 2 * unknown).sum()), float((residual ** 2).sum()),
                    int(used.any(0).sum()), int((per_arm[0] > 0).sum()),
-                   int((per_arm[1] > 0).sum()), float((per_arm[0] ** 2).sum()),
-                   float((per_arm[1] ** 2).sum()))
+                   int((per_arm[1] > 0).sum()), float((per_arm[0] ** 2 * unknown).sum()),
+                   float((per_arm[1] ** 2 * unknown).sum()))
 
 
 def simulate(design: ExperimentDesign, metrics: Sequence[OutcomeMetric], traffic: Traffic, *,
@@ -168,6 +170,7 @@ def simulate(design: ExperimentDesign, metrics: Sequence[OutcomeMetric], traffic
     served = exposed = left_out = 0
     percent = design.start_percent
     history = np.zeros((len(metrics), t.keys))
+    unknown = np.ones((len(metrics), t.keys))
     if design.pre_period_s > 0 and t.history_looks:
         # Before the test the baseline served every key: each key's history then.
         key = rng.choice(t.keys, size=t.per_look * t.history_looks, p=visits)
@@ -177,8 +180,8 @@ def simulate(design: ExperimentDesign, metrics: Sequence[OutcomeMetric], traffic
             return np.bincount(key, weights=weights, minlength=t.keys).astype(np.float64)
 
         for index in range(len(metrics)):
-            history[index] = array_key_history(per_key(), per_key(values[index]),
-                                               per_key(values[index] ** 2))
+            history[index], unknown[index] = array_key_history(
+                per_key(), per_key(values[index]), per_key(values[index] ** 2))
     for look in range(1, max_looks + 1):
         key = rng.choice(t.keys, size=t.per_look, p=visits)
         at = look - 1 + rng.random(t.per_look)
@@ -199,7 +202,7 @@ def simulate(design: ExperimentDesign, metrics: Sequence[OutcomeMetric], traffic
         for index in range(len(metrics)):
             cells[index].add(span[kept], key[ready][kept], values[index][ready][kept])
         candidate = buckets[None, :] < percents[:spans, None]
-        evidence = {m.name: cells[i].strata(candidate, spans, by_key, history[i])
+        evidence = {m.name: cells[i].strata(candidate, spans, by_key, history[i], unknown[i])
                     for i, m in enumerate(metrics)}
         elapsed = look * design.look_seconds
         result = take_look(design, metrics, evidence, percent=percent, elapsed_s=elapsed,
@@ -216,13 +219,13 @@ def simulate(design: ExperimentDesign, metrics: Sequence[OutcomeMetric], traffic
                             left_out)
 
 
-def array_key_history(count: Floats, total: Floats, squares: Floats) -> Floats:
-    """by_key.key_history over per-key arrays (0 for a key never seen)."""
+def array_key_history(count: Floats, total: Floats, squares: Floats) -> tuple[Floats, Floats]:
+    """by_key.key_history over per-key arrays: (shift, unknown), (0, 1) for a key never seen."""
     seen = count > 0
     n, y, q = count[seen], total[seen], squares[seen]
-    history = np.zeros(len(count))
+    shift, unknown = np.zeros(len(count)), np.ones(len(count))
     if not n.size:
-        return history
+        return shift, unknown
     everything = n.sum()
     mean = y.sum() / everything
     within = (q - y * y / n).sum() / (everything - n.size) if everything > n.size else 0.0
@@ -230,10 +233,10 @@ def array_key_history(count: Floats, total: Floats, squares: Floats) -> Floats:
     between = (max(0.0, ((y * y / n).sum() - everything * mean * mean
                          - within * (n.size - 1)) / scale) if scale > 0 else 0.0)
     signal = n * between
-    reliability = np.where(signal + within > 0, signal / np.maximum(signal + within, 1e-300),
-                           0.0)
-    history[seen] = reliability * (y / n - mean)
-    return history
+    known = np.where(signal + within > 0, signal / np.maximum(signal + within, 1e-300), 0.0)
+    shift[seen] = known * (y / n - mean)
+    unknown[seen] = 1.0 - known
+    return shift, unknown
 
 
 def credit_arrays(served_at: Floats, observed_at: Floats, buckets: npt.NDArray[np.int64],

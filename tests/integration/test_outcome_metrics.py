@@ -141,15 +141,16 @@ def test_attribution_in_sql_equals_the_pure_attribution(settings, app_table) -> 
             assert (left_out > 0) == (delay > 0), case
             keys_history = key_history(model.before)
             assert bool(keys_history) == (pre > 0), case
-            expected = tuple((keyed_arm(a.values(), [keys_history.get(k, 0.0) for k in a]),
-                              keyed_arm(b.values(), [keys_history.get(k, 0.0) for k in b]))
+            expected = tuple((keyed_arm(a.values(), [keys_history.get(k, (0.0, 1.0)) for k in a]),
+                              keyed_arm(b.values(), [keys_history.get(k, (0.0, 1.0)) for k in b]))
                              for a, b in model.cells)
             assert len(found.strata) == len(expected) == 5
             for got_pair, want_pair in zip(found.strata, expected, strict=True):
                 for got, want in zip(got_pair, want_pair, strict=True):
                     assert (got.count, got.keys) == (want.count, want.keys), case
                     for field in ("total", "squares", "count_squares", "key_squares",
-                                  "count_history", "history_squares", "total_history"):
+                                  "count_history", "history_squares", "total_history",
+                                  "unknown_count", "unknown_count_squares"):
                         assert getattr(got, field) == pytest.approx(getattr(want, field)), case
             weighing = weigh(expected)
             assert weighing is not None and found.sums is not None
