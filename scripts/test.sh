@@ -7,7 +7,8 @@ began=$SECONDS
 # From Debian's packages: a real Prometheus server (and promtool) for the metrics tests, tmux
 # for the terminal-output test, and socat and openssl to put TLS in front of the embedded
 # broker for the secured-Kafka tests (socat also relays PostgreSQL to a second host), and
-# iproute2 to make that host, a network namespace, for the cluster test. Installed while pip installs the Python packages (both
+# iproute2 to make that host, a network namespace, for the cluster test, and faketime for an
+# outcome database whose clock is off. Installed while pip installs the Python packages (both
 # mostly wait on downloads).
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
@@ -15,6 +16,7 @@ command -v socat >/dev/null 2>&1 || missing="$missing socat"
 command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
 command -v tmux >/dev/null 2>&1 || missing="$missing tmux"
 command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
+command -v faketime >/dev/null 2>&1 || missing="$missing faketime"
 apt_job=""
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -43,12 +43,16 @@ class Application(threading.Thread):
     def __init__(self, settings: Any, schema: str, keys: list[str],
                  converts: dict[str, float], errors: dict[str, float], *, seed: int,
                  per_tick: int = 40, tick_s: float = 0.1,
-                 on_read: Callable[[str, int], None] | None = None):
+                 on_read: Callable[[str, int], None] | None = None,
+                 key_rates: dict[str, float] | None = None):
         super().__init__(daemon=True)
         self.settings, self.schema, self.keys = settings, schema, keys
         self.converts, self.errors, self.seed = converts, errors, seed
         self.per_tick, self.tick_s = per_tick, tick_s
         self.on_read = on_read  # (serving version, converted) per read, e.g. into counters
+        # Keys that differ: a key converts at its own rate times its version's factor in
+        # ``converts`` (1.0: as the key does anyway); without them every key alike.
+        self.key_rates = key_rates
         self.halt = threading.Event()
         self.served: dict[str, int] = {}
         self.failure: BaseException | None = None
@@ -70,7 +74,9 @@ class Application(threading.Thread):
                     for key, u_convert, u_error in drawn:
                         version = serving[key]
                         self.served[version] = self.served.get(version, 0) + 1
-                        rows.append((key, int(u_convert < self.converts[version]),
+                        rate = self.converts[version] * (self.key_rates[key] if self.key_rates
+                                                         else 1.0)
+                        rows.append((key, int(u_convert < rate),
                                      int(u_error < self.errors[version])))
                         if self.on_read is not None:
                             self.on_read(version, rows[-1][1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from psycopg import sql
 
 from conftest import ROOT, job_file, kappa_cli, wait_until
-from integration.outcome_readers import Application
+from integration.outcome_readers import Application, create_outcomes_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
@@ -78,7 +79,10 @@ def deployed(stack, tmp_path_factory: pytest.TempPathFactory):
             launcher.terminate(st.pid, None, grace_s=2)
 
 
-FAST = ("--look-seconds", "0.5", "--min-per-arm", "200", "--mixture-sd", "0.2")
+# Keys alike in every scenario but two: their history (--pre-period) would only cost each look
+# a longer read. Those two give theirs.
+FAST = ("--look-seconds", "0.5", "--min-per-arm", "200", "--mixture-sd", "0.2", "--pre-period",
+        "0")
 
 
 def _cutover(settings: Any, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -112,6 +116,9 @@ def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed)
     _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed)
     _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed)
+    _keys_that_differ_call_no_difference_in_an_a_a_test(deployed)
+    _keys_that_differ_and_a_worse_candidate_are_rolled_back_by_the_bandit(deployed)
+    _an_outcome_database_whose_clock_is_off_gives_no_data_and_says_so(deployed, tmp_path)
     _a_promql_metric_judges_by_the_applications_counters_in_prometheus(deployed, tmp_path)
     _a_running_test_is_on_the_dashboard(deployed, tmp_path)
     _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
@@ -151,6 +158,97 @@ def _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed) ->
     assert status == 1 and "guardrail errors" in stderr, stderr
     assert _last(found, "errors")["outcome"] == "worse_beyond_margin"
     assert _last(found, "converts")["outcome"] in ("better", "non_inferior", "undecided")
+
+
+def _readers_of_keys_that_differ(deployed, converts: dict[str, float], seed: int
+                                 ) -> Application:
+    """Each URL converts at its own rate (Beta(2, 18), a mean of 10 %), times its serving
+    version's factor; started, and read for about 9 s (3,600 readers) before the test, so
+    that the test has each key's history (--pre-period 10)."""
+    settings, _, schema, keys = deployed
+    rng = random.Random(seed)
+    rates = {key: rng.betavariate(2, 18) for key in keys}
+    app = Application(settings, schema, keys, converts, {"v1": 0.05, "v2": 0.05}, seed=seed,
+                      key_rates=rates)
+    app.start()
+    wait_until(lambda: sum(app.served.values()) >= 3_600, 60, "readers before the test")
+    return app
+
+
+def _keys_that_differ_call_no_difference_in_an_a_a_test(deployed) -> None:
+    """The issue's A/A test: both versions convert each key alike, keys differ. Counting
+    observations as units promoted v2 at its second look; with the key as the unit the test
+    runs to its --max-duration without calling a difference."""
+    settings, service, _, _ = deployed
+    app = _readers_of_keys_that_differ(deployed, {"v1": 1.0, "v2": 1.0}, seed=31)
+    try:
+        status, found, stderr = _cutover(settings, "--strategy", "ab", "--metric", "converts",
+                                         "--min-per-arm", "500", "--max-duration", "15",
+                                         "--pre-period", "10")
+    finally:
+        app.stop()
+    looks = found["looks"]
+    print(f"A/A, keys that differ: {len(looks) - 1} looks, the last {looks[-1]['reason']}; "
+          f"{_last(found)}")
+    assert all(look["verdict"] in ("started", "continue", "no_data") for look in looks[:-1])
+    assert looks[-1]["reason"].startswith("at the deadline"), looks[-1]
+    assert (datetime.fromisoformat(looks[-1]["at"])
+            - datetime.fromisoformat(looks[0]["at"])).total_seconds() >= 15
+    evidence = _last(found)
+    assert evidence["unit"] == "key" and evidence["design_effect"] > 1, evidence
+    assert evidence["baseline"]["keys"] + evidence["candidate"]["keys"] == len(deployed[3])
+    assert evidence["history_slope"] > 0, evidence
+    if status == 1:  # not shown non-inferior at the deadline: rolled back, as the policy says
+        assert service.serving(JOB).primary == "v1", stderr
+    else:
+        service.promote(JOB, "v1", force=True, reason="v1 again, for the next scenario")
+
+
+def _keys_that_differ_and_a_worse_candidate_are_rolled_back_by_the_bandit(deployed) -> None:
+    settings, service, _, _ = deployed
+    app = _readers_of_keys_that_differ(deployed, {"v1": 1.0, "v2": 0.6}, seed=32)
+    try:
+        status, found, stderr = _cutover(
+            settings, "--strategy", "bandit", "--metric", "converts", "--start-percent", "50",
+            "--min-percent", "20", "--max-percent", "50", "--max-step", "25",
+            "--max-duration", "120", "--pre-period", "10")
+    finally:
+        app.stop()
+    looks = found["looks"]
+    print(f"40 % worse, keys that differ: rolled back at look {len(looks) - 1}: "
+          f"{looks[-1]['reason']}; {_last(found)}")
+    assert status == 1 and "rolled back" in stderr, stderr
+    assert found["verdict"] == "roll_back" and not looks[-1]["reason"].startswith("at the "
+                                                                                 "deadline")
+    assert _last(found)["outcome"] in ("worse", "worse_beyond_margin")
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
+
+
+def _an_outcome_database_whose_clock_is_off_gives_no_data_and_says_so(deployed,
+                                                                      tmp_path: Path) -> None:
+    """Outcomes' observed_at come from the application's database, the routing's instants from
+    the catalog's: with the clocks 5 s apart every look is no_data, with the skew in its
+    evidence, until the no-data timeout rolls back."""
+    from conftest import with_settings
+    from integration.clocks import skewed_postgres
+
+    settings, service, _, _ = deployed
+    with skewed_postgres(tmp_path, 5.0) as uri:
+        create_outcomes_table(uri, "app")
+        skewed = with_settings(settings, outcomes_pg_dsn=uri)
+        defined = kappa_cli(skewed, "metric", "define", JOB, "skewed_converts", "--sql",
+                            "SELECT key, converted AS value, observed_at FROM app.outcomes "
+                            "WHERE observed_at >= {since}", "--kind", "proportion",
+                            "--better", "higher")
+        assert defined.returncode == 0, defined.stderr
+        status, found, stderr = _cutover(skewed, "--strategy", "ab", "--metric",
+                                         "skewed_converts", "--no-data-timeout", "2")
+    looks = found["looks"][1:]
+    assert status == 1 and "no usable evidence" in stderr, stderr
+    assert looks and all("clock is +" in look["reason"] for look in looks[:-1]), looks
+    assert all(4 < look["evidence"]["clock_skew_s"] < 6 for look in looks), looks
+    assert _last(found, "skewed_converts")["error"].startswith("the outcome database's clock")
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
 
 
 def _a_promql_metric_judges_by_the_applications_counters_in_prometheus(
@@ -280,8 +378,11 @@ def _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one
     try:
         wait_until(lambda: looks_of_a_new_plan() >= 4, 120, "three looks")
         app.stop()  # no reader from here on: every look counts the same observations
-        taken = looks_of_a_new_plan()
-        wait_until(lambda: looks_of_a_new_plan() > taken, 60, "a look after the last reader")
+        stopped = datetime.now(UTC)
+        # A look taken from an instant after the last reader (one that was under way when it
+        # stopped counts fewer observations, and would be the killed run's last look).
+        wait_until(lambda: service.outcomes.experiment(JOB)["looks"][-1]["at"] > stopped, 60,
+                   "a look after the last reader")
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -322,8 +423,10 @@ def _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one
     events = [e["kind"] for e in service.events(JOB)]
     assert "experiment_decision" in events and "experiment_started" in events
     table = kappa_cli(settings, "experiment", JOB)
+    print(f"kappa experiment {JOB}:\n{table.stdout}")
     assert "statistic / threshold" in table.stdout.lower() and "promote" in table.stdout, \
         table.stdout
+    assert "the key is the unit" in table.stdout, table.stdout
 
 
 def _a_cutover_killed_after_its_promote_keeps_it_when_run_again(deployed) -> None:
