@@ -175,9 +175,10 @@ class Attribution:
         return self.started - timedelta(seconds=self.pre_period_s)
 
 
-def _spans_array(prefix: str, spans: Sequence[RoutingSpan], until: datetime) -> dict[str, Any]:
+def _spans_array(prefix: str, spans: Sequence[RoutingSpan]) -> dict[str, Any]:
+    """The spans as the arrays the SQL reads (each ends where the next starts, the last at the
+    look's instant)."""
     return {f"{prefix}starts": [s.start for s in spans],
-            f"{prefix}stops": [s.start for s in spans[1:]] + [until],
             f"{prefix}primaries": [s.primary for s in spans],
             f"{prefix}candidates": [s.candidate for s in spans],
             f"{prefix}percents": [s.percent for s in spans]}
@@ -266,7 +267,7 @@ def strata(conn: psycopg.Connection, metric: OutcomeMetric, how: Attribution, *,
     if not how.spans:
         return NO_EVIDENCE, 0
     params: dict[str, Any] = {
-        **_spans_array("", how.spans, how.until), **_spans_array("w_", how.routing, how.until),
+        **_spans_array("", how.spans), **_spans_array("w_", how.routing),
         "baseline": baseline, "candidate": candidate, "since": since, "until": how.until,
         "started": how.started, "delay": how.delay_s, "history_since": how.history_since}
     cells = _cells(metric, how)
