@@ -99,8 +99,7 @@ def credit(observations: Iterable[Observation], spans: Sequence[RoutingSpan],
         if at < started:
             at_index = bisect.bisect_right(window, at) - 1
             if (history_since is not None and at >= history_since and at_index >= 0
-                    and at < _stop(routing, at_index) and
-                    routing[at_index].serves(obs.key) == arms[0]):
+                    and routing[at_index].serves(obs.key) == arms[0]):
                 n, total, squares = before.get(obs.key, (0, 0.0, 0.0))
                 before[obs.key] = (n + 1, total + obs.value, squares + obs.value * obs.value)
             continue
@@ -121,11 +120,6 @@ def credit(observations: Iterable[Observation], spans: Sequence[RoutingSpan],
         n, total, squares = by_key.get(obs.key, (0, 0.0, 0.0))
         by_key[obs.key] = (n + 1, total + obs.value, squares + obs.value * obs.value)
     return Credited(tuple(cells), left_out, before)
-
-
-def _stop(spans: Sequence[RoutingSpan], index: int) -> datetime:
-    return spans[index + 1].start if index + 1 < len(spans) else datetime.max.replace(
-        tzinfo=spans[index].start.tzinfo)
 
 
 def span_after(at: datetime, action: str, from_version: str | None, to_version: str | None,
