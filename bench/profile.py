@@ -5,11 +5,13 @@ Used by bench/replay.py --profile; measures, asserts nothing."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,3 +155,22 @@ def hot_functions(collapsed: Path, top: int = 15) -> dict[str, Any]:
     return {"samples": total,
             "self": [(fn, share(c)) for fn, c in own.most_common(top)],
             "inclusive": [(fn, share(c)) for fn, c in inclusive.most_common(top)]}
+
+
+@contextmanager
+def profiled(pid: int | None, directory: Path | None, version: str
+             ) -> Iterator[dict[str, Any]]:
+    """Yields a dict that holds, after the block, {"profile": ...} when ``directory`` is set."""
+    found: dict[str, Any] = {}
+    if directory is None or pid is None:
+        yield found
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    with CpuByRole(pid) as cpu, sampled_stacks(pid, directory / f"{version}.txt") as stacks:
+        yield found
+    window = time.perf_counter() - began
+    found["profile"] = {"window_s": round(window, 1),
+                        "cpu_capacity_s": round(window * len(os.sched_getaffinity(0)), 1),
+                        "cpu_s_by_role": cpu.seconds(), "python": hot_functions(stacks),
+                        "stacks_file": str(stacks)}

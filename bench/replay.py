@@ -1,6 +1,6 @@
 """Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
-    .venv/bin/python bench/replay.py [--events N [N ...]] [--source kafka [archive]]
+    .venv/bin/python bench/replay.py [--events N [N ...]] [--source kafka [archive] [decoded]]
                                      [--workers W [W ...]] [--unpruned] [--cold-only] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
@@ -38,12 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,6 +113,7 @@ def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version
     With ``profile``, CPU by process role and the Python processes' stacks are sampled from
     deploy to caught up, and summarised under "profile"."""
     from bench.memory import peak_rss_mb
+    from bench.profile import profiled
 
     deployed_at = datetime.now(UTC)
     began = time.perf_counter()
@@ -163,27 +161,6 @@ def cluster_replay(settings: Any, workdir: Path, topic: str, version: str, worke
             "spark_up_to_caught_up_s": round(ours["replay_s"], 2),
             "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
             "tables_equal": True}
-
-
-@contextmanager
-def profiled(pid: int | None, directory: Path | None, version: str
-             ) -> Iterator[dict[str, Any]]:
-    """Yields a dict that holds, after the block, {"profile": ...} when ``directory`` is set."""
-    found: dict[str, Any] = {}
-    if directory is None or pid is None:
-        yield found
-        return
-    from bench.profile import CpuByRole, hot_functions, sampled_stacks
-
-    directory.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
-    with CpuByRole(pid) as cpu, sampled_stacks(pid, directory / f"{version}.txt") as stacks:
-        yield found
-    window = time.perf_counter() - began
-    found["profile"] = {"window_s": round(window, 1),
-                        "cpu_capacity_s": round(window * len(os.sched_getaffinity(0)), 1),
-                        "cpu_s_by_role": cpu.seconds(), "python": hot_functions(stacks),
-                        "stacks_file": str(stacks)}
 
 
 def archived_offsets(settings: Any, version: str) -> int:
@@ -270,10 +247,11 @@ def from_archive(settings: Any, service: Any, workdir: Path, topic: str, version
 def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
             workers: list[int], worker_cores: int, profile: Path | None = None,
             sources: tuple[str, ...] = ("kafka",), unpruned: Any | None = None,
-            warm: Any | None = None) -> dict[str, Any]:
+            warm: Any | None = None, raw: Any | None = None) -> dict[str, Any]:
     """Every figure for one topic of ``count`` events; ``name`` is unique per run. The replay
     from Kafka runs first, before the archive holds the topic: then Kafka serves every range."""
     from bench import peer
+    from bench.decoded import from_decoded
     from bench.raw_read import raw_read_rate, raw_read_rate_all_cores
     from bench.warm_start import warm_replay
 
@@ -284,8 +262,9 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
     raw_all, readers = raw_read_rate_all_cores(bootstrap, topic, produced)
     peer_table = f"peer_{name}"
     theirs = peer.replay(bootstrap, topic, settings.pg_dsn, settings.data_schema, peer_table)
+    last = [s for s in ("kafka", "archive", "decoded") if s in sources][-1]  # profiled
     ours = checked_replay(settings, service, workdir, topic, version, peer_table, theirs,
-                          produced, profile if "archive" not in sources else None)
+                          produced, profile if last == "kafka" else None)
     if ours["archived_offsets"]:
         raise RuntimeError(f"the replay from Kafka read {ours['archived_offsets']} offsets "
                            "from the archive: the archive held the topic too early")
@@ -293,9 +272,14 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
                             theirs, produced, ours)
     spare = warm_replay(settings, warm, workdir, topic, f"{version}s", peer_table, theirs,
                         produced, ours) if warm is not None else None
-    archived = from_archive(settings, service, workdir, topic, f"{version}a", peer_table,
-                            theirs, produced, ours, raw_all, profile, unpruned) \
+    archived = from_archive(settings, raw or service, workdir, topic, f"{version}a",
+                            peer_table, theirs, produced, ours, raw_all,
+                            profile if last == "archive" else None, unpruned) \
         if "archive" in sources else None
+    decoded = from_decoded(settings, service, raw or service, warm, workdir, topic,
+                           f"{version}d", peer_table, theirs, produced, ours, raw_all,
+                           profile if last == "decoded" else None) \
+        if "decoded" in sources else None
     wall, replay_s = ours["wall_s"], ours["replay_s"]
     clusters = [cluster_replay(settings, workdir, topic, f"{version}w{w}", w, worker_cores,
                                peer_table, produced, theirs["invalid"]) for w in workers]
@@ -333,6 +317,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
         **pruning,
         **({"warm_spare": spare} if spare else {}),
         **({"from_archive": archived} if archived else {}),
+        **({"from_decoded": decoded} if decoded else {}),
         **({"standalone_cluster": clusters} if clusters else {}),
         **({"profile": ours["profile"]} if "profile" in ours else {}),
     }
@@ -362,9 +347,11 @@ def main() -> int:
     parser.add_argument("--durable", action="store_true",
                         help="the embedded broker keeps its log in its S3 store (`kappa dev up "
                              "--s3`), not in memory")
-    parser.add_argument("--source", nargs="+", choices=["kafka", "archive"], default=["kafka"],
+    parser.add_argument("--source", nargs="+", choices=["kafka", "archive", "decoded"],
+                        default=["kafka"],
                         help="kafka: replay from the broker; archive: then archive the topic "
-                             "and replay it from the archive as well, in the same run")
+                             "and replay its raw segments; decoded: decode them and replay "
+                             "the decoded segments, in the same run")
     parser.add_argument("--unpruned", action="store_true",
                         help="also replay with prune_columns false, to show what pruning is "
                              "worth")
@@ -382,14 +369,15 @@ def main() -> int:
         # Every replay starts its driver cold, but the one measured on a warm spare.
         settings = replace(warm_settings, warm_spares=0)
         service = Orchestrator(settings)
-        unpruned = Orchestrator(replace(settings, prune_columns=False)) if args.unpruned \
-            else None
+        unpruned = Orchestrator(replace(settings, prune_columns=False, decoded_segments=False)) \
+            if args.unpruned else None
+        raw = Orchestrator(replace(settings, decoded_segments=False))  # raw segments only
         smallest = min(args.events)
         largest = max(args.events)
         runs = [measure(settings, service, workdir, f"{tag}_{i}", n,
                         args.workers if n == smallest else [], args.worker_cores,
                         args.profile if n == largest else None, tuple(args.source), unpruned,
-                        None if args.cold_only else warm)
+                        None if args.cold_only else warm, raw)
                 for i, n in enumerate(args.events)]
     results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:

@@ -12,14 +12,8 @@ def show(results: dict[str, Any]) -> None:
             if key == "profile":
                 show_profile(value)
                 continue
-            if key in ("from_archive", "warm_spare"):
-                print("  replayed from the archive:" if key == "from_archive" else
-                      "  deployed on a warm spare driver:")
-                for k, v in value.items():
-                    if k == "profile":
-                        show_profile(v)
-                    else:
-                        print(f"    {k:40} {v!s:>14}")
+            if key in _SECTIONS:
+                _section(key, value, "  ")
                 continue
             if key == "standalone_cluster":
                 for c in value:
@@ -34,6 +28,22 @@ def show(results: dict[str, Any]) -> None:
     if results["flat_cost_us_per_event_largest_over_smallest"] is not None:
         print(f"{'flat_cost_us_per_event_largest_over_smallest':44} "
               f"{results['flat_cost_us_per_event_largest_over_smallest']:>14}")
+
+
+_SECTIONS = {"from_archive": "replayed from the archive's raw segments:",
+             "from_decoded": "replayed from decoded segments:",
+             "warm_spare": "deployed on a warm spare driver:"}
+
+
+def _section(key: str, value: dict[str, Any], indent: str) -> None:
+    print(f"{indent}{_SECTIONS[key]}")
+    for k, v in value.items():
+        if k == "profile":
+            show_profile(v)
+        elif k in _SECTIONS:
+            _section(k, v, indent + "  ")
+        else:
+            print(f"{indent}  {k:40} {v!s:>14}")
 
 
 def show_profile(profile: dict[str, Any]) -> None:

@@ -46,6 +46,23 @@ def status(catalog: CatalogAccess, topics: Sequence[str] = ()) -> list[Any]:
             topics)
 
 
+def decodings(catalog: CatalogAccess, *, prune: bool = False, dry_run: bool = False
+              ) -> list[Any]:
+    """Per decoding and lineage: raw segments against decoded ones, and whether a version that
+    is not retired reads it. With ``prune``: remove (``dry_run``: only list) those that no
+    version reads any more, and return them."""
+    from orchestrator.archive.decode_pass import progress, prune_unused
+    from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.archive.readable import archive_root
+
+    with catalog.connection() as conn:
+        schema = catalog.settings.catalog_schema
+        if not prune:
+            return progress(conn, schema)
+        return prune_unused(conn, schema, ParquetStore(archive_root(catalog.settings)),
+                            dry_run=dry_run)
+
+
 def restore(catalog: CatalogAccess, topics: Sequence[str],
             acknowledged: Mapping[str, Mapping[int, int]] | None,
             restart: Callable[[str, str], object]) -> Any:

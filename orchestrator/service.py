@@ -31,7 +31,6 @@ class Orchestrator:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or load_settings()
         self.catalog = CatalogAccess(self.settings)
-        # Switches of aliases; outcome metrics and the outcome cutovers' evidence.
         self.switches, self.outcomes = SwitchDesk(self.catalog), OutcomeDesk(self.catalog)
 
     def _catalog(self) -> AbstractContextManager[psycopg.Connection]:
@@ -129,8 +128,7 @@ class Orchestrator:
                 alias: str | None = None, say: Callable[[str], None] | None = None,
                 experiment: ExperimentDesign | None = None, pausing: bool = False,
                 breaking: bool = False) -> dict[str, Any]:
-        """Ramp with soaks; or, given an ``experiment``, test by the readers' outcomes
-        (``pausing``: return with status ``waiting`` when the next look is still to come)."""
+        """Ramp with soaks, or test an ``experiment`` by outcomes (``pausing``: may wait)."""
         plan = Cutover(self, job, version, alias, say or (lambda _: None), pausing=pausing,
                        breaking=breaking)
         return plan.run_experiment(experiment) if experiment else plan.run(ramp, soak_seconds)
@@ -154,6 +152,9 @@ class Orchestrator:
 
     def archive_status(self, topics: Sequence[str] = ()) -> list[Any]:
         return archiving.status(self.catalog, topics)
+
+    def archive_decodings(self, *, prune: bool = False, dry_run: bool = False) -> list[Any]:
+        return archiving.decodings(self.catalog, prune=prune, dry_run=dry_run)
 
     def archive_restore(self, topics: Sequence[str] = (),
                         acknowledged: Mapping[str, Mapping[int, int]] | None = None) -> Any:

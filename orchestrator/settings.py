@@ -54,6 +54,9 @@ class Settings:
     # filesystems accept (s3://, gs://, hdfs://). Default: <state_dir>/archive.
     archive_root: str | None = None
     archive_segment_records: int = 100_000  # records (and gaps) a segment holds at most
+    # The archiver decodes each segment once per decoding that a version reads it with, and
+    # replays read those typed segments with no parse; false: neither (raw segments only).
+    decoded_segments: bool = True
     catalog_schema: str = "kappa"
     data_schema: str = "kappa_data"
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read

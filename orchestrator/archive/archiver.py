@@ -19,6 +19,8 @@ from typing import cast
 
 import psycopg
 
+from orchestrator.archive.decode_pass import decode_pending, verify_decoded
+from orchestrator.archive.decoding import DecodedSegment
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.readable import archive_root
@@ -262,11 +264,13 @@ def topics_to_archive(conn: psycopg.Connection, settings: Settings, named: Seque
 def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connection],
                  kafka: Kafka, named: Sequence[str], *, once: bool, interval_s: float,
                  on_segment: Callable[[Segment], None], stop: Callable[[], bool],
-                 all_topics: bool = False) -> int:
+                 all_topics: bool = False,
+                 on_decoded: Callable[[DecodedSegment], None] = lambda _: None) -> int:
     """Archive passes every ``interval_s`` until ``stop()``, then a last one up to the log end
-    found then (or one pass, with ``once``); returns the segments written. An outage of the
-    broker or PostgreSQL is waited out. ``all_topics``: every topic of the broker, not only
-    those deployed jobs read."""
+    found then (or one pass, with ``once``); returns the segments written. After each pass,
+    the segments are decoded for every decoding a version reads them with (``decoded_segments``).
+    An outage of the broker or PostgreSQL is waited out. ``all_topics``: every topic of the
+    broker, not only those deployed jobs read."""
     from orchestrator.spark.failures import is_outage
 
     written = 0
@@ -282,8 +286,10 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                         raise ArchiveError(
                             "no deployed job reads a topic yet: name the topics "
                             "(`kappa archive run TOPIC ...`) or deploy a job first")
-                    written += len(Archiver(settings, conn, kafka, clients, watch).archive(
-                        topics, on_segment, skip_missing=not named))
+                    archiver = Archiver(settings, conn, kafka, clients, watch)
+                    written += len(archiver.archive(topics, on_segment, skip_missing=not named))
+                    if settings.decoded_segments:
+                        _decode(conn, settings, archiver.store, topics, on_decoded, once=once)
             except Exception as exc:
                 if once or not is_outage(exc):
                     raise
@@ -296,11 +302,26 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                 time.sleep(min(0.2, interval_s))
 
 
+def _decode(conn: psycopg.Connection, settings: Settings, store: ParquetStore,
+            topics: Sequence[str], on_decoded: Callable[[DecodedSegment], None], *,
+            once: bool) -> None:
+    """Decode what the pass archived; a segment that cannot be decoded stops the decoding, not
+    the archiving (replays parse its raw segment meanwhile), unless this is a single pass."""
+    try:
+        decode_pending(conn, settings.catalog_schema, store, topics, on_decoded)
+    except ArchiveError as exc:
+        if once:
+            raise
+        log.warning("decoding stopped: %s; replays parse the raw segments meanwhile", exc)
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     segments: int  # files read back and checked against their manifest checksum
     compared: int  # of those, compared record by record with the log the broker still holds
     records: int  # records compared with the log
+    decoded: int = 0  # decoded segments checked against their checksum
+    rebuilt: tuple[str, ...] = ()  # of those, the missing or bad ones, rebuilt
 
 
 def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
@@ -337,4 +358,5 @@ def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
                 "segment was written wrong; do not restore it, and report it")
         compared += 1
         records += len(archived)
-    return VerifyReport(len(segments), compared, records)
+    decoded, rebuilt = verify_decoded(archiver.conn, archiver.schema, archiver.store, topics)
+    return VerifyReport(len(segments), compared, records, decoded, tuple(rebuilt))

@@ -11,7 +11,7 @@ archive holds of it and Kafka the rest.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.archive.segments import Segment
 
@@ -25,6 +25,17 @@ class SegmentRef:
     end_offset: int
     records: int
     checksum: str
+    # The segment decoded under the reader's decoding (archive/decoding.py), if it is yet.
+    decoded_path: str | None = None
+    decoded_checksum: str | None = None
+
+
+def with_decoded(refs: tuple[SegmentRef, ...], decoded: dict[str, tuple[str, str]]
+                 ) -> tuple[SegmentRef, ...]:
+    """``refs``, each with its decoded segment where ``decoded`` ({raw segment path: (decoded
+    path, checksum)}) has one: a read task reads those, and parses only the others."""
+    return tuple(replace(r, decoded_path=decoded[r.path][0], decoded_checksum=decoded[r.path][1])
+                 if r.path in decoded else r for r in refs)
 
 
 def covering(start: int, end: int, segments: Sequence[Segment]

@@ -66,23 +66,31 @@ class ParquetStore:
 
     def write(self, relative: str, records: Sequence[ArchivedRecord]) -> int:
         """Write ``records`` as the segment ``relative``; return its size in bytes."""
-        table = to_table(records)
+        return self.write_table(relative, to_table(records))
+
+    def write_table(self, relative: str, table: pa.Table) -> int:
+        """Write ``table`` whole under ``relative``, atomically; return its size in bytes."""
+        return self.write_bytes(relative, parquet_bytes(table))
+
+    def write_bytes(self, relative: str, data: bytes) -> int:
+        """Put ``data`` in place under ``relative``, atomically; return its size in bytes."""
         final = self.location(relative)
         directory = final.rsplit("/", 1)[0]
         try:
             self.fs.create_dir(directory, recursive=True)
             if not self.local:
-                pq.write_table(table, final, filesystem=self.fs, compression="zstd")
-                return int(self.fs.get_file_info(final).size)
+                with self.fs.open_output_stream(final) as out:
+                    out.write(data)
+                return len(data)
             temporary = f"{final}{_TEMPORARY}{uuid.uuid4().hex[:12]}"
             with open(temporary, "wb") as out:
-                pq.write_table(table, out, compression="zstd")
+                out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             fail_point("archive.before_rename")
             os.replace(temporary, final)
             _sync_directory(directory)
-            return os.stat(final).st_size
+            return len(data)
         except OSError as exc:
             raise ArchiveError(f"cannot write segment {final} ({exc}): make archive_root "
                                "writable, or point it elsewhere, and run `kappa archive run` "
@@ -98,6 +106,26 @@ class ParquetStore:
         except (OSError, pa.ArrowInvalid) as exc:
             raise ArchiveError(f"cannot read segment {location} ({exc}): it is gone or "
                                "damaged; run `kappa archive verify`") from exc
+
+    def read_bytes(self, relative: str) -> bytes:
+        """A file's bytes, to check against its manifest checksum before it is parsed."""
+        location = self.location(relative)
+        try:
+            with self.fs.open_input_file(location) as stream:
+                return bytes(stream.readall())
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ArchiveError(f"cannot read {location} ({exc}): it is gone or damaged; run "
+                               "`kappa archive verify`") from exc
+
+    def remove_tree(self, directory: str) -> None:
+        """Delete ``directory`` and all under it (absent: nothing to do)."""
+        where = self.location(directory)
+        try:
+            if self.fs.get_file_info(where).type != fs.FileType.NotFound:
+                self.fs.delete_dir(where)
+        except OSError as exc:
+            raise ArchiveError(f"cannot remove {where} ({exc}): make archive_root writable") \
+                from exc
 
     def files(self, directory: str) -> list[fs.FileInfo]:
         where = self.location(directory)
@@ -127,6 +155,13 @@ class ParquetStore:
                 self.fs.delete_file(info.path)
                 removed.append(info.base_name)
         return removed
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A table as one Parquet file's bytes (zstd), the way every segment is written."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return bytes(sink.getvalue())
 
 
 def to_table(records: Sequence[ArchivedRecord]) -> pa.Table:

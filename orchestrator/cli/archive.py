@@ -1,4 +1,5 @@
-"""`kappa archive run|status|verify|restore`: the columnar copy of the logs that jobs read."""
+"""`kappa archive run|status|verify|restore|decodings|prune-decoded`: the columnar copy of the
+logs that jobs read, and its decoded segments."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def add_archive_parser(sub: Any) -> None:
                                 help="seconds between passes")
             action.add_argument("--all-topics", action="store_true",
                                 help="every topic of the broker, not only those jobs read")
+    listed = actions.add_parser("decodings", help="per decoding and lineage: segments decoded "
+                                "of those archived, and whether a version reads them")
+    listed.add_argument("--json", action="store_true")
+    prune = actions.add_parser("prune-decoded", help="remove the decoded segments that no "
+                               "version reads any more")
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    prune.add_argument("--json", action="store_true")
 
 
 def run_archive(service: Any, args: argparse.Namespace) -> int:
@@ -49,15 +57,33 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
                           "-" if r.noted_end is None else f"{r.noted_end:,}", r.segments,
                           r.records, r.gaps, r.bytes] for r in rows])
                   if rows else "nothing archived yet: `kappa archive run`")
+            decodings = service.archive_decodings()
+            if decodings:
+                print(_decodings_table(decodings))
+        return 0
+    if args.action in ("decodings", "prune-decoded"):
+        found = service.archive_decodings(prune=args.action == "prune-decoded",
+                                          dry_run=getattr(args, "dry_run", False))
+        if args.json:
+            print_json([_decoding_json(p) for p in found])
+        elif args.action == "prune-decoded" and not found:
+            print("every decoded segment is read by a version: nothing to remove")
+        else:
+            if args.action == "prune-decoded":
+                print("would remove:" if args.dry_run else "removed:")
+            print(_decodings_table(found) if found else
+                  "no decoded segments: deploy a version, then `kappa archive run`")
         return 0
     if args.action == "verify":
         report = service.archive_verify(args.topics)
         if args.json:
             print_json({"segments": report.segments, "compared_with_log": report.compared,
-                        "records_compared": report.records})
+                        "records_compared": report.records, "decoded_segments": report.decoded,
+                        "decoded_rebuilt": list(report.rebuilt)})
         else:
             print(f"{report.segments:,} segments match their checksums; {report.compared:,} of "
-                  f"them ({report.records:,} records) match the log the broker still holds")
+                  f"them ({report.records:,} records) match the log the broker still holds; "
+                  f"{report.decoded:,} decoded segments checked, {len(report.rebuilt):,} rebuilt")
         return 0
     if args.action == "restore":
         return _restore(service.archive_restore(args.topics), as_json=args.json)
@@ -154,3 +180,18 @@ def _text(lineage: str | None, current: bool | None) -> str:
     if lineage is None:
         return "-"
     return lineage + ("" if current is not False else " (gone)")
+
+
+def _decodings_table(found: list[Any]) -> str:
+    return table(["topic", "lineage", "decoding", "read by a version", "decoded", "rows",
+                  "dead letters", "bytes"],
+                 [[p.topic, p.lineage, p.decoding, "yes" if p.in_use else "no",
+                   f"{p.decoded_segments:,} of {p.raw_segments:,} segments", p.rows,
+                   p.dead_letters, p.bytes] for p in found])
+
+
+def _decoding_json(p: Any) -> dict[str, Any]:
+    return {"topic": p.topic, "lineage": p.lineage, "decoding": p.decoding, "in_use": p.in_use,
+            "raw_segments": p.raw_segments, "decoded_segments": p.decoded_segments,
+            "pending_segments": p.pending, "rows": p.rows, "dead_letters": p.dead_letters,
+            "bytes": p.bytes}

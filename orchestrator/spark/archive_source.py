@@ -59,6 +59,27 @@ def archived_segments(catalog_schema: str, identity_json: str | None, topic: str
     return found
 
 
+def decoded_segments(catalog_schema: str, held: dict[int, list[Segment]], decoding: str
+                     ) -> dict[str, tuple[str, str]]:
+    """{raw segment path: (decoded path, checksum)} of the ``held`` segments (one lineage's,
+    from ``archived_segments``) decoded under ``decoding`` (a fingerprint), where the decoded
+    segment is of the raw one as the manifest holds it now."""
+    from orchestrator.catalog import decoded_manifest
+    from orchestrator.spark.writer import connection
+
+    raw = {(s.partition, s.first_offset): s for segments in held.values() for s in segments}
+    if not raw:
+        return {}
+    lineage = next(iter(raw.values())).lineage
+    decoded = decoded_manifest.decoded(connection(), catalog_schema, lineage, decoding)
+    found = {}
+    for d in decoded:
+        segment = raw.get((d.partition, d.first_offset))
+        if segment is not None and segment.checksum == d.raw_checksum:
+            found[segment.path] = (d.path, d.checksum)
+    return found
+
+
 def _root_exists(store: ParquetStore) -> bool:
     from pyarrow import fs
 
@@ -82,6 +103,49 @@ def read_archived(root: str, segments: tuple[SegmentRef, ...], start: int, end: 
         lo, hi = (int(i) for i in offsets.searchsorted([start, end]))
         for at in range(lo, hi, _CHUNK):
             yield table.slice(at, min(hi, at + _CHUNK) - at)
+
+
+def raw_range(root: str, ref: SegmentRef, start: int, end: int) -> pa.Table:
+    """The archived records of [start, end) of one raw segment, checked against the manifest."""
+    from orchestrator.archive.parquet_store import ParquetStore
+
+    table = _segment(ParquetStore(root), ref)
+    lo, hi = (int(i) for i in table.column("offset").to_numpy().searchsorted([start, end]))
+    return table.slice(lo, hi - lo)
+
+
+def decoded_range(root: str, ref: SegmentRef, start: int, end: int, topic: str,
+                  schema: pa.Schema, catalog_schema: str
+                  ) -> tuple[pa.Table, list[tuple[int, int, bytes | None, bytes | None,
+                                                  str | None]]]:
+    """The rows (``schema``) and dead letters of [start, end) of a decoded segment. One that is
+    missing or bad is rebuilt from its raw segment, and one line names it."""
+    from orchestrator.archive.decode_pass import read_decoded, rebuild
+    from orchestrator.archive.decoder import read_columns, split_decoded
+    from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.spark.writer import connection
+
+    assert ref.decoded_path is not None and ref.decoded_checksum is not None
+    store = ParquetStore(root)
+    columns = read_columns(schema)
+    try:
+        table = read_decoded(store, ref.decoded_path, ref.decoded_checksum, columns)
+    except ArchiveError:
+        # Read tasks of one segment may find it bad together: one rebuilds it, the others
+        # wait and then read what it put in place.
+        conn = connection()
+        key = f"kappa-rebuild/{ref.decoded_path}"
+        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        try:
+            table = read_decoded(store, ref.decoded_path, ref.decoded_checksum, columns)
+        except ArchiveError as exc:
+            log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw "
+                        "segment %s", store.location(ref.decoded_path), exc,
+                        store.location(ref.path))
+            table = rebuild(conn, catalog_schema, store, ref.decoded_path)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+    return split_decoded(table, topic, start, end, schema)
 
 
 def as_records(table: pa.Table) -> list[Record]:

@@ -102,7 +102,8 @@ class JobQuery:
                 max_batch_records=s.max_batch_records, version_id=v.id,
                 catalog_schema=s.catalog_schema, job=v.job, version=v.version,
                 cores=self.cores, log_identity=v.log_identity,
-                archive_root=root, columns=columns.get(source.topic))
+                archive_root=root, columns=columns.get(source.topic),
+                decoded=s.decoded_segments)
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 

@@ -25,7 +25,14 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from orchestrator.archive.coverage import SegmentRef, covering, covering_from, spans
+from orchestrator.archive.coverage import (
+    SegmentRef,
+    covering,
+    covering_from,
+    spans,
+    with_decoded,
+)
+from orchestrator.archive.decoding import Decoding
 from orchestrator.archive.held import readable_bounds
 from orchestrator.errors import LogChangedError
 from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
@@ -61,7 +68,8 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    job: str, version: str, cores: int = 1,
                    log_identity: LogIdentity | None = None,
                    archive_root: str | None = None,
-                   columns: tuple[str, ...] | None = None) -> dict[str, str]:
+                   columns: tuple[str, ...] | None = None,
+                   decoded: bool = True) -> dict[str, str]:
     read = None if log_identity is None else LogIdentity(
         log_identity.cluster_id, {source.topic: log_identity.topics.get(source.topic)})
     return {
@@ -79,9 +87,18 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         "log_identity": json.dumps(read.to_json() if read else None),
         # Offsets below the archive's end are read from its segments there (none: Kafka only).
         "archive_root": archive_root or "",
+        # Where the archive holds the segments decoded under this source's decoding, read them
+        # with no parse (archive/decoding.py).
+        "decoded": "true" if decoded else "",
         # The columns the job reads (pruning.py), in the source's order; none: every column.
         "columns": json.dumps(columns),
     }
+
+
+def source_decoding(options: Mapping[str, str]) -> Decoding:
+    """The decoding of the source's records: what decides a row or a dead letter."""
+    return Decoding(options["schema"], tuple(sorted(json.loads(options["non_negative"]))),
+                    options["tombstones"])
 
 
 def declared_columns(options: Mapping[str, str]) -> tuple[str, ...] | None:
@@ -134,7 +151,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_batch_records = int(options["max_batch_records"])
         self.archive_root = options.get("archive_root") or None
         self._probe: Any = None
-        self._archive_seen: tuple[float, dict[int, list[Any]]] | None = None
+        self._archive_seen: tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]] \
+            | None = None
         self._last_bounds: dict[tuple[str, int], tuple[int, int]] = {}
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
@@ -207,6 +225,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Every core of the cluster gets a read task, whatever the number of Kafka partitions.
         chunk = chunk_size(total, self.cores, self.chunk_records)
         archived = self._archived() if total else {}
+        decoded = self._archive_seen[2] if archived and self._archive_seen else {}
         # Only where the archive holds something: the broker's start, below which Kafka
         # cannot serve a task's first offsets (as latestOffset just saw it, unless a restart
         # plans its unfinished batch again first).
@@ -220,8 +239,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     whole = covering(lo, hi, held)
                     part = covering_from(lo, hi, held) if not whole and lo < broker_start \
                         else None
-                    ranges.append(KafkaRange(topic, int(partition), lo, hi, *part) if part
-                                  else KafkaRange(topic, int(partition), lo, hi, whole or ()))
+                    refs, cut = part if part else (whole or (), None)
+                    ranges.append(KafkaRange(topic, int(partition), lo, hi,
+                                             with_decoded(refs, decoded), cut))
         return ranges
 
     def _readable(self, broker: dict[tuple[str, int], tuple[int, int]]
@@ -236,15 +256,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """{partition: segments} the archive holds of the log this version reads. Segments
         never change once recorded, so what was read stays true: a live query, whose batches
         are past the archive's end, asks the catalog again only every ``_ARCHIVE_RECHECK_S``."""
-        from orchestrator.spark.archive_source import archived_segments
+        from orchestrator.spark.archive_source import archived_segments, decoded_segments
 
         if self.archive_root is None:
             return {}
         if self._archive_seen is None or time.monotonic() - self._archive_seen[0] > \
                 _ARCHIVE_RECHECK_S:
-            self._archive_seen = (time.monotonic(), archived_segments(
-                self.options["catalog_schema"], self.options.get("log_identity"), self.topic,
-                self.archive_root))
+            identity = self.options.get("log_identity")
+            held = archived_segments(self.options["catalog_schema"], identity, self.topic,
+                                     self.archive_root)
+            self._archive_seen = (time.monotonic(), held, decoded_segments(
+                self.options["catalog_schema"], held, source_decoding(self.options).fingerprint)
+                if self.options.get("decoded") else {})
         return self._archive_seen[1]
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:
@@ -290,19 +313,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cut = partition.archived_end
         chunks: Iterator[Any] = iter(())
         if partition.segments:  # imported only where the archive is read
-            from orchestrator.spark.archive_source import as_records, read_archived
-            from orchestrator.spark.arrow_events import ArrowEventParser
+            from orchestrator.archive.decoder import parsed_chunks
+            from orchestrator.spark.archive_source import decoded_range, raw_range
 
-            archived = read_archived(self.archive_root or "", partition.segments,
-                                     partition.start, cut)
-            if columnar is None:
-                chunks = map(as_records, archived)
-            else:  # Arrow to Arrow: no Python object per record
-                arrow = ArrowEventParser(columnar, builder.schema, partition.topic,
-                                         partition.partition, wanted)
-                for table in archived:
-                    found += table.num_rows
-                    batch, dead = arrow.parse(table)
+            decoding = source_decoding(self.options)
+            root = self.archive_root or ""
+            read_schema = builder.schema if columns is None else pa.schema(
+                [builder.schema.field(c) for c in columns])
+            for ref in partition.segments:
+                lo, hi = max(partition.start, ref.first_offset), min(cut, ref.end_offset)
+                if lo >= hi:
+                    continue
+                if ref.decoded_path is not None:  # decoded once: no parse, no Python row
+                    rows, dead = decoded_range(root, ref, lo, hi, partition.topic, read_schema,
+                                               self.options["catalog_schema"])
+                    found += rows.num_rows + len(dead)
+                    builder.add_dead_letters(dead)
+                    builder.flush_dead_letters()
+                    yield from rows.to_batches(max_chunksize=ROWS_PER_ARROW_BATCH)
+                    continue
+                for batch, dead in parsed_chunks(raw_range(root, ref, lo, hi), decoding,
+                                                 partition.topic, partition.partition, wanted):
+                    found += batch.num_rows + len(dead)
                     builder.add_dead_letters(dead)
                     if len(builder.dead) >= ROWS_PER_ARROW_BATCH:
                         builder.flush_dead_letters()

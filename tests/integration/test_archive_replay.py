@@ -1,10 +1,12 @@
 """Replays read the archive first (#23): a version's read tasks whose offsets the archive holds
 read its Parquet segments, the rest read Kafka, with the same output, dead letters and gap
 accounting; each batch records how many of its offsets came from the archive, and a segment
-that differs from the manifest stops the batch that needs it, naming the segment."""
+that differs from the manifest stops the batch that needs it, naming the segment. Segments
+decoded once (#46) are read with no parse, and give the same tables."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +28,20 @@ def _segments(settings, topic: str) -> list:
     with connect(settings.pg_dsn, autocommit=True) as conn:
         return [s for s in archive_manifest.segments(conn, settings.catalog_schema)
                 if s.lineage.topic == topic]
+
+
+def _decoded(settings, topic: str) -> dict[str, str]:
+    """{raw segment path: decoded segment path} of the topic's segments."""
+    from orchestrator.catalog import archive_manifest, decoded_manifest
+    from orchestrator.catalog.db import connect
+
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        raw = {(s.partition, s.first_offset): s.path for s in
+               archive_manifest.segments(conn, settings.catalog_schema)
+               if s.lineage.topic == topic}
+        return {raw[(d.partition, d.first_offset)]: d.path for d in
+                decoded_manifest.decoded(conn, settings.catalog_schema)
+                if d.lineage.topic == topic}
 
 
 def _archived_offsets(settings, version: str) -> list[int | None]:
@@ -66,17 +82,64 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         assert 0 < from_archive <= sum(archive_end.values()), (counted, archive_end)
         assert reference.records - from_archive >= 6_000, (counted, reference.records)
 
-        # What v1 read was the archive's: a segment that differs from the manifest (another
-        # segment's file in its place) stops the batch that needs it, naming the segment.
-        victim, other = segments[0], segments[1]
+        # The archiver decodes every segment under v1's decoding; v2 (the same decoding)
+        # reads those, with no parse. One decoded file is damaged: it is rebuilt from its raw
+        # segment, and one line names it. Another raw segment is damaged: v2 never reads it.
+        decoded = kappa_cli(settings, "archive", "run", "--once", topic)
+        assert decoded.returncode == 0, decoded.stderr
+        segments = _segments(settings, topic)
+        progress = json.loads(kappa_cli(settings, "archive", "decodings", "--json",
+                                        check=True).stdout)
+        mine = [p for p in progress if p["topic"] == topic]
+        assert len(mine) == 1 and mine[0]["in_use"], progress
+        assert mine[0]["decoded_segments"] == mine[0]["raw_segments"] == len(segments), mine
+        assert mine[0]["dead_letters"] == len(reference.invalid_offsets), mine
+        files = _decoded(settings, topic)
         root = Path(archive_root(settings))
-        shutil.copyfile(root / other.path, root / victim.path)
+        rebuilt, skipped = segments[0], segments[1]
+        shutil.copyfile(root / files[segments[2].path], root / files[rebuilt.path])
+        shutil.copyfile(root / segments[2].path, root / skipped.path)
         service.deploy(job_file(tmp_path, "v2", topic))
-        st = wait_until(lambda: (s := service.version_status(JOB, "v2")).state.value == "failed"
-                        and s, 600, "v2 to fail on the damaged segment")
-        assert victim.path in st.reason and "kappa archive verify" in st.reason, st.reason
+        service.wait(JOB, "v2", timeout_s=600)
+        assert output(settings, f"{JOB}__v2") == reference.v2
+        assert dead_letters(settings, f"{JOB}__v2__dead_letters") == reference.invalid_offsets
+        assert_batches_tile_the_log(settings, JOB, "v2", topic, reference.log_end)
+        # The archive holds the whole log now: every offset of v2 came from it.
+        assert sum(c or 0 for c in _archived_offsets(settings, "v2")) == \
+            sum(s.end_offset - s.first_offset for s in segments) == sum(reference.log_end.values())
+        log = Path(service.version_status(JOB, "v2").log_path or "").read_text()
+        named = [line for line in log.splitlines() if files[rebuilt.path] in line]
+        assert len(named) == 1 and "rebuilt from its raw segment" in named[0], named
+
+        # Without decoded segments a replay parses the raw ones: the damaged one stops the
+        # batch that needs it, naming the segment.
+        raw_only = Orchestrator(replace(settings, decoded_segments=False))
+        v3 = tmp_path / "v3.py"
+        v3.write_text(job_file(tmp_path, "v1", topic).read_text().replace(
+            'VERSION = "v1"', 'VERSION = "v3"'))
+        raw_only.deploy(v3)
+        st = wait_until(lambda: (s := raw_only.version_status(JOB, "v3")).state.value ==
+                        "failed" and s, 600, "v3 to fail on the damaged segment")
+        assert skipped.path in st.reason and "kappa archive verify" in st.reason, st.reason
         assert "failed 3 times" not in st.reason and "\n" not in st.reason, st.reason
-        assert _archived_offsets(settings, "v2") == []  # no batch of it was applied
+        # No batch that needs the damaged segment was applied.
+        assert sum(c or 0 for c in _archived_offsets(settings, "v3")) < \
+            sum(reference.log_end.values())
+
+        # Decoded segments go only on command, and only once no version reads them.
+        kept = kappa_cli(settings, "archive", "prune-decoded", "--json", check=True)
+        assert json.loads(kept.stdout) == [], kept.stdout
+        service.stop_all()
+        for version in ("v1", "v2", "v3"):
+            service.retire(JOB, version)
+        assert all((root / path).exists() for path in files.values())  # retiring is no prune
+        pruned = json.loads(kappa_cli(settings, "archive", "prune-decoded", "--json",
+                                      check=True).stdout)
+        assert [(p["topic"], p["decoded_segments"]) for p in pruned] == \
+            [(topic, len(segments))], pruned
+        assert not any((root / path).exists() for path in files.values())
+        assert _decoded(settings, topic) == {} and len(_segments(settings, topic)) == \
+            len(segments)
     finally:
         service.stop_all()
 

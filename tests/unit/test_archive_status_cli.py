@@ -23,6 +23,9 @@ class _Service:
     def archive_status(self, topics: list[str]) -> tuple[PartitionArchive, ...]:
         return ROWS
 
+    def archive_decodings(self) -> list[object]:
+        return []
+
 
 def _status(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     args = argparse.Namespace(action="status", topics=[], json="--json" in flags)

@@ -1,0 +1,214 @@
+"""Who decodes: after each archive pass, every raw segment of a lineage that a version reads is
+decoded under that version's decoding, once; a decoded segment found missing or bad is rebuilt
+from its raw segment; a decoding that no version uses any more is removed on command only.
+
+A decoded segment's file is written whole and put in place before its manifest row is
+recorded, as a raw segment's is; the row names the raw segment it came from by its checksum.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from orchestrator.archive.decoder import decode, file_checksum
+from orchestrator.archive.decoding import (
+    DECODED_DIRECTORY,
+    DecodedSegment,
+    Decoding,
+    DecodingProgress,
+    decoded_path,
+)
+from orchestrator.archive.parquet_store import ParquetStore, parquet_bytes
+from orchestrator.archive.segments import ArchiveError, Lineage, Segment
+from orchestrator.catalog import archive_manifest as manifest
+from orchestrator.catalog import decoded_manifest
+from orchestrator.states import RunState
+
+log = logging.getLogger("kappa.archive")
+
+
+@dataclass(frozen=True)
+class Use:
+    """A root lineage that a version which is not retired reads, and its decoding there."""
+
+    lineage: Lineage
+    decoding: Decoding
+
+
+def uses(conn: psycopg.Connection, schema: str) -> list[Use]:
+    """What the versions that are not retired read, per root lineage and decoding."""
+    from orchestrator.catalog import runs, versions
+
+    roots = {k.identity: k.root for k in manifest.known_logs(conn, schema)}
+    found: dict[tuple[Lineage, str], Use] = {}
+    for version in versions.list_all(conn, schema):
+        identity = version.log_identity
+        if identity is None or identity.cluster_id is None or \
+                runs.get(conn, schema, version.id).state is RunState.RETIRED:
+            continue
+        for source in version.spec.inputs:
+            topic_id = identity.topics.get(source.topic)
+            if topic_id is None:
+                continue
+            seen = Lineage(identity.cluster_id, source.topic, topic_id)
+            root = roots.get(seen)
+            if root is not None:
+                decoding = Decoding.of(source)
+                found.setdefault((root, decoding.fingerprint), Use(root, decoding))
+    return list(found.values())
+
+
+def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
+                   ) -> tuple[DecodedSegment, pa.Table]:
+    """Decode one raw segment (read and checked against its manifest row) and put the file in
+    place; the caller records the row."""
+    from orchestrator.archive.table_checksum import table_checksum
+
+    raw = store.read_table(segment.path)
+    if raw.num_rows != segment.records or table_checksum(raw) != segment.checksum:
+        raise ArchiveError(f"segment {store.location(segment.path)} differs from the archive's "
+                           "manifest: run `kappa archive verify`, then restore it from a backup")
+    table = decode(raw, decoding, segment.lineage.topic, segment.partition)
+    data = parquet_bytes(table)
+    path = decoded_path(decoding.fingerprint, segment.lineage, segment.partition,
+                        segment.first_offset, segment.end_offset)
+    size = store.write_bytes(path, data)
+    dead = int(pa.compute.sum(table.column("_dead")).as_py() or 0)
+    return DecodedSegment(decoding.fingerprint, segment.lineage, segment.partition,
+                          segment.first_offset, segment.end_offset, table.num_rows - dead, dead,
+                          size, file_checksum(data), segment.checksum, path), table
+
+
+def rebuild(conn: psycopg.Connection, schema: str, store: ParquetStore, path: str) -> pa.Table:
+    """Decode again, from its raw segment, the decoded segment recorded at ``path`` (its file
+    missing or bad), put it in place and record it; returns its table."""
+    with conn.transaction():
+        found = [d for d in decoded_manifest.decoded(conn, schema) if d.path == path]
+        if not found:
+            raise ArchiveError(f"no decoded segment is recorded at {store.location(path)}: run "
+                               "`kappa archive status`")
+        was = found[0]
+        raw = [s for s in manifest.segments(conn, schema, was.lineage, was.partition)
+               if s.first_offset == was.first_offset]
+        decoding = decoded_manifest.decodings(conn, schema).get(was.decoding)
+    if not raw or decoding is None:
+        raise ArchiveError(f"decoded segment {store.location(path)} has no raw segment or "
+                           "decoding left to rebuild it from: run `kappa archive verify`")
+    segment, table = decode_segment(store, raw[0], decoding)
+    with conn.transaction():
+        decoded_manifest.record(conn, schema, segment)
+    return table
+
+
+def decode_pending(conn: psycopg.Connection, schema: str, store: ParquetStore,
+                   topics: Sequence[str] | None = None,
+                   on_decoded: Callable[[DecodedSegment], None] = lambda _: None
+                   ) -> list[DecodedSegment]:
+    """Decode every raw segment that a use lacks (of ``topics``, or all); returns them."""
+    with conn.transaction():
+        wanted = [u for u in uses(conn, schema) if topics is None or u.lineage.topic in topics]
+    written: list[DecodedSegment] = []
+    for use in wanted:
+        fingerprint = use.decoding.fingerprint
+        with conn.transaction():
+            decoded_manifest.register(conn, schema, use.decoding)
+            raw = manifest.segments(conn, schema, use.lineage)
+            done = {(d.partition, d.first_offset): d.raw_checksum for d in
+                    decoded_manifest.decoded(conn, schema, use.lineage, fingerprint)}
+        todo = [s for s in raw if done.get((s.partition, s.first_offset)) != s.checksum]
+        if not todo or not _claim(conn, use):
+            continue
+        try:
+            for segment in todo:
+                decoded, _ = decode_segment(store, segment, use.decoding)
+                with conn.transaction():
+                    decoded_manifest.record(conn, schema, decoded)
+                written.append(decoded)
+                on_decoded(decoded)
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",
+                             (_lock_key(use),))
+    return written
+
+
+def _lock_key(use: Use) -> str:
+    return f"kappa-decode/{use.decoding.fingerprint}/{use.lineage.cluster_id}-" \
+           f"{use.lineage.topic_id}/{use.lineage.topic}"
+
+
+def _claim(conn: psycopg.Connection, use: Use) -> bool:
+    """One decoder per decoding and lineage at a time: another archiver's pass decodes it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                       (_lock_key(use),)).fetchone()
+    return bool(row and row[0])
+
+
+def progress(conn: psycopg.Connection, schema: str) -> list[DecodingProgress]:
+    """Per decoding and lineage decoded or in use: raw segments against decoded ones."""
+    with conn.transaction():
+        in_use = {(u.decoding.fingerprint, u.lineage) for u in uses(conn, schema)}
+        raw: dict[Lineage, int] = {}
+        for s in manifest.segments(conn, schema):
+            raw[s.lineage] = raw.get(s.lineage, 0) + 1
+        done: dict[tuple[str, Lineage], list[DecodedSegment]] = {}
+        for d in decoded_manifest.decoded(conn, schema):
+            done.setdefault((d.decoding, d.lineage), []).append(d)
+    keys = sorted(in_use | set(done), key=lambda k: (k[1].topic, k[0], k[1].topic_id))
+    return [DecodingProgress(
+        decoding=fp, root=lineage, in_use=(fp, lineage) in in_use, raw_segments=raw.get(lineage, 0),
+        decoded_segments=len(done.get((fp, lineage), [])),
+        rows=sum(d.rows for d in done.get((fp, lineage), [])),
+        dead_letters=sum(d.dead_letters for d in done.get((fp, lineage), [])),
+        bytes=sum(d.bytes for d in done.get((fp, lineage), []))) for fp, lineage in keys]
+
+
+def prune_unused(conn: psycopg.Connection, schema: str, store: ParquetStore, *,
+                 dry_run: bool = False) -> list[DecodingProgress]:
+    """Remove the decoded segments of each lineage that no version reads under their decoding
+    any more (rows, then files); returns what was (with ``dry_run``: would be) removed."""
+    unused = [p for p in progress(conn, schema) if not p.in_use and p.decoded_segments]
+    if dry_run:
+        return unused
+    for p in unused:
+        with conn.transaction():
+            decoded_manifest.forget(conn, schema, p.decoding, p.root)
+        store.remove_tree(f"{DECODED_DIRECTORY}/{p.decoding}/{p.topic}/{p.lineage}")
+        log.info("removed %d decoded segments of %s (lineage %s, decoding %s): no version reads "
+                 "them", p.decoded_segments, p.topic, p.lineage, p.decoding)
+    return unused
+
+
+def verify_decoded(conn: psycopg.Connection, schema: str, store: ParquetStore,
+                   topics: Sequence[str] = ()) -> tuple[int, list[str]]:
+    """Check every decoded segment (of ``topics``) against its checksum; one missing or bad is
+    rebuilt from its raw segment, and one line names it. Returns (checked, rebuilt paths)."""
+    with conn.transaction():
+        found = [d for d in decoded_manifest.decoded(conn, schema)
+                 if not topics or d.lineage.topic in topics]
+    rebuilt = []
+    for d in found:
+        try:
+            read_decoded(store, d.path, d.checksum, columns=("kafka_offset",))
+        except ArchiveError as exc:
+            log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw "
+                        "segment", store.location(d.path), exc)
+            rebuild(conn, schema, store, d.path)
+            rebuilt.append(d.path)
+    return len(found), rebuilt
+
+
+def read_decoded(store: ParquetStore, path: str, checksum: str,
+                 columns: Sequence[str] | None = None) -> pa.Table:
+    """A decoded segment's table (``columns`` of it), once its file matches its checksum."""
+    data = store.read_bytes(path)
+    if file_checksum(data) != checksum:
+        raise ArchiveError(f"decoded segment {store.location(path)} differs from its manifest "
+                           "checksum")
+    return pq.read_table(pa.BufferReader(data), columns=list(columns) if columns else None)

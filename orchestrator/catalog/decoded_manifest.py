@@ -1,0 +1,84 @@
+"""The decoded segments' manifest in the catalog: which decodings exist, and which raw segments
+each has decoded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from orchestrator.archive.decoding import DecodedSegment, Decoding
+from orchestrator.archive.segments import Lineage
+from orchestrator.catalog.db import qualified
+
+_COLUMNS = ("decoding", "cluster_id", "topic", "topic_id", "partition", "first_offset",
+            "end_offset", "rows", "dead_letters", "bytes", "checksum", "raw_checksum", "path")
+
+
+def register(conn: psycopg.Connection, schema: str, decoding: Decoding) -> None:
+    conn.execute(sql.SQL("INSERT INTO {} (decoding, spec) VALUES (%s, %s) ON CONFLICT DO NOTHING")
+                 .format(qualified(schema, "archive_decodings")),
+                 (decoding.fingerprint, Jsonb(decoding.to_json())))
+
+
+def decodings(conn: psycopg.Connection, schema: str) -> dict[str, Decoding]:
+    rows = conn.execute(sql.SQL("SELECT decoding, spec FROM {} ORDER BY created_at")
+                        .format(qualified(schema, "archive_decodings"))).fetchall()
+    return {str(fp): Decoding.from_json(spec) for fp, spec in rows}
+
+
+def _from_row(row: tuple[Any, ...]) -> DecodedSegment:
+    fp, cluster, topic, topic_id, partition, first, end, rows, dead, size, digest, raw, path = row
+    return DecodedSegment(fp, Lineage(cluster, topic, topic_id), partition, first, end, rows,
+                          dead, size, digest, raw, path)
+
+
+def decoded(conn: psycopg.Connection, schema: str, lineage: Lineage | None = None,
+            decoding: str | None = None) -> list[DecodedSegment]:
+    """Decoded segments in offset order, of one lineage and decoding, or of all."""
+    where: list[str] = []
+    args: list[object] = []
+    if lineage is not None:
+        where.append("cluster_id = %s AND topic = %s AND topic_id = %s")
+        args += [lineage.cluster_id, lineage.topic, lineage.topic_id]
+    if decoding is not None:
+        where.append("decoding = %s")
+        args.append(decoding)
+    query = sql.SQL("SELECT {} FROM {} {} ORDER BY decoding, cluster_id, topic, topic_id, "
+                    "partition, first_offset").format(
+        sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)), qualified(schema, "archive_decoded"),
+        sql.SQL("WHERE " + " AND ".join(where) if where else ""))
+    return [_from_row(r) for r in conn.execute(query, args).fetchall()]
+
+
+def record(conn: psycopg.Connection, schema: str, segment: DecodedSegment) -> None:
+    """Record a decoded segment whose file is in place; a rebuilt one replaces its row."""
+    s = segment
+    conn.execute(
+        sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT (decoding, cluster_id, topic, "
+                "topic_id, partition, first_offset) DO UPDATE SET rows = EXCLUDED.rows, "
+                "dead_letters = EXCLUDED.dead_letters, bytes = EXCLUDED.bytes, "
+                "checksum = EXCLUDED.checksum, raw_checksum = EXCLUDED.raw_checksum, "
+                "path = EXCLUDED.path, decoded_at = now()").format(
+            qualified(schema, "archive_decoded"),
+            sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)),
+            sql.SQL(", ").join(sql.Placeholder() * len(_COLUMNS))),
+        (s.decoding, s.lineage.cluster_id, s.lineage.topic, s.lineage.topic_id, s.partition,
+         s.first_offset, s.end_offset, s.rows, s.dead_letters, s.bytes, s.checksum,
+         s.raw_checksum, s.path))
+
+
+def forget(conn: psycopg.Connection, schema: str, decoding: str, lineage: Lineage) -> int:
+    """Remove the rows of one decoding's segments of ``lineage``, and the decoding once it has
+    none left; returns how many rows there were."""
+    removed = conn.execute(sql.SQL(
+        "DELETE FROM {} WHERE decoding = %s AND cluster_id = %s AND topic = %s AND topic_id = %s")
+        .format(qualified(schema, "archive_decoded")),
+        (decoding, lineage.cluster_id, lineage.topic, lineage.topic_id)).rowcount
+    conn.execute(sql.SQL("DELETE FROM {} d WHERE decoding = %s AND NOT EXISTS "
+                         "(SELECT 1 FROM {} s WHERE s.decoding = d.decoding)").format(
+        qualified(schema, "archive_decodings"), qualified(schema, "archive_decoded")),
+        (decoding,))
+    return int(removed)
