@@ -64,3 +64,47 @@ def spans(topic: str, held: dict[int, list[Segment]]) -> dict[tuple[str, int], t
     """{(topic, partition): (first offset, end offset)} of contiguous segments per partition."""
     return {(topic, partition): (segments[0].first_offset, segments[-1].end_offset)
             for partition, segments in held.items() if segments}
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One read task of a batch: offsets [start, end) of one partition; [start, cut) from the
+    archive's ``segments``, the rest from Kafka."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    segments: tuple[SegmentRef, ...]
+    cut: int
+
+    @property
+    def decoded_only(self) -> bool:
+        """Whether decoded segments serve all of it."""
+        return bool(self.segments) and self.cut == self.end and all(
+            r.decoded_path is not None for r in self.segments)
+
+
+def read_tasks(start: dict[str, dict[str, int]], end: dict[str, dict[str, int]], chunk: int,
+               archived: dict[int, list[Segment]], decoded: dict[str, tuple[str, str]],
+               broker_starts: dict[tuple[str, int], int]) -> list[ReadTask]:
+    """A batch's read tasks: each partition's range cut into chunks of ``chunk`` offsets,
+    whatever the archive holds (so that a batch read again is cut the same way); each reads
+    the archive where it holds the whole chunk, or (below the broker's log start, where
+    retention took the first offsets) where it holds the chunk's start."""
+    from orchestrator.lag import split_range
+
+    tasks = []
+    for topic, partitions in end.items():
+        for partition, stop in partitions.items():
+            first = start.get(topic, {}).get(partition, stop)
+            held = archived.get(int(partition), [])
+            broker_start = broker_starts.get((topic, int(partition)), 0)
+            for lo, hi in split_range(first, stop, chunk):
+                whole = covering(lo, hi, held)
+                part = covering_from(lo, hi, held) if not whole and lo < broker_start \
+                    else None
+                refs, cut = part if part else (whole or (), hi if whole else lo)
+                tasks.append(ReadTask(topic, int(partition), lo, hi,
+                                      with_decoded(refs, decoded), cut))
+    return tasks

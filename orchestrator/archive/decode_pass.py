@@ -75,7 +75,7 @@ def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
         raise ArchiveError(f"segment {store.location(segment.path)} differs from the archive's "
                            "manifest: run `kappa archive verify`, then restore it from a backup")
     table = decode(raw, decoding, segment.lineage.topic, segment.partition)
-    data = parquet_bytes(table)
+    data = parquet_bytes(table, plain=("kafka_offset", "kafka_timestamp"))
     path = decoded_path(decoding.fingerprint, segment.lineage, segment.partition,
                         segment.first_offset, segment.end_offset)
     size = store.write_bytes(path, data)

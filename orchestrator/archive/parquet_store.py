@@ -157,10 +157,14 @@ class ParquetStore:
         return removed
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """A table as one Parquet file's bytes (zstd), the way every segment is written."""
+def parquet_bytes(table: pa.Table, plain: tuple[str, ...] = ()) -> bytes:
+    """A table as one Parquet file's bytes (zstd), the way every segment is written; the
+    ``plain`` columns without a dictionary (Spark's reader would test a range filter against
+    every entry of an offsets' dictionary, each as large as the column)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd",
+                   use_dictionary=[c for c in table.column_names if c not in plain]
+                   if plain else True)
     return bytes(sink.getvalue())
 
 

@@ -29,6 +29,7 @@ from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, stage_writer
 
 if TYPE_CHECKING:
     from orchestrator.spark.heartbeat import Heartbeat
+    from orchestrator.spark.sink_reads import SinkReads
 
 log = logging.getLogger("kappa.driver")
 _PRUNE_EVERY = 100  # batches between two prunings of the batch records
@@ -62,6 +63,7 @@ class BatchCommit:
         self.conn_dsn = settings.require_services()[0]
         self.mirror = GroupMirror(kafka, version.consumer_group)
         self.stale = False
+        self.reads: SinkReads | None = None  # set per query: the sink reads each batch itself
         spec = version.spec
         self.stage = (settings.data_schema, stage_table(spec.name, spec.version))
         self.columns = (*spec.output_columns, DELETE_COLUMN)
@@ -119,6 +121,8 @@ class BatchCommit:
             return
         began = time.monotonic()
         s = self.settings
+        if self.reads is not None:
+            df = self.reads.events(df, start, end)
         if batch_id == self.quarantine:
             write_id, staged = None, "several writes"
             mover = self._quarantined(df, batch_id, start, end)

@@ -33,6 +33,7 @@ from orchestrator.spark.failures import first_error_line
 from orchestrator.spark.heartbeat import Heartbeat
 from orchestrator.spark.jobcode import load_transform, materialize
 from orchestrator.spark.query import JobQuery, unchanged
+from orchestrator.spark.ranges_source import KafkaRangesSource
 from orchestrator.spark.resume import resume_point
 from orchestrator.spark.retries import Retries
 from orchestrator.spark.session import build_session, cluster_cores
@@ -79,6 +80,7 @@ class Driver:
         if spark is None:
             spark = build_session(s, f"kappa-{self.version.job}-{self.version.version}", code)
             spark.dataSource.register(KafkaLogSource)
+        spark.dataSource.register(KafkaRangesSource)  # read by the sink (sink_reads.py)
         cores = cluster_cores(s, spark)
         spark.conf.set("spark.sql.shuffle.partitions", str(cores))
         write_through_filesystem(spark, self.version.checkpoint_dir)

@@ -18,6 +18,7 @@ from orchestrator.spark.batch_commit import BatchCommit
 from orchestrator.spark.failures import spark_reason
 from orchestrator.spark.pruning import QUARANTINE_COLUMNS, plan_with_pruning, stand_in_sources
 from orchestrator.spark.shape import JobError, shape_output
+from orchestrator.spark.sink_reads import SinkReads, jvm_root
 from orchestrator.spark.source import KAFKA_DDL, SOURCE_NAME, source_options
 
 LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
@@ -31,12 +32,22 @@ class JobQuery:
                  transform: Callable[..., Any], cores: int, start_offsets: Offsets):
         self.settings, self.version, self.kafka = settings, version, kafka
         self.transform, self.cores, self.start_offsets = transform, cores, start_offsets
+        self.read_options: dict[str, dict[str, str]] = {}  # per topic, of the last query built
+
+    def sink_reads(self, live: bool) -> bool:
+        """Whether the sink reads each batch itself (spark/sink_reads.py): a batch job's
+        catch-up, where Spark's Parquet reader can read the decoded segments."""
+        s = self.settings
+        return not live and self.version.spec.mode == "batch" and s.decoded_segments and \
+            jvm_root(executor_archive_root(s)) is not None
 
     def run(self, spark: Any, sink: BatchCommit, *, live: bool,
             tick: Callable[[], None] | None = None) -> None:
         """Run the query until it ends (catch-up) or fails; ``tick`` every LAG_CHECK_S."""
         s, v = self.settings, self.version
         stream, output_mode = self._query(spark, live=live)
+        sink.reads = SinkReads(self.read_options, self.cores, s.chunk_records, s.catalog_schema,
+                               v.id, self.kafka) if self.sink_reads(live) else None
         writer = (stream.writeStream.outputMode(output_mode).foreachBatch(sink)
                   .option("checkpointLocation", v.checkpoint_dir)
                   .queryName(f"{v.job}__{v.version}__{'live' if live else 'catchup'}"))
@@ -63,6 +74,9 @@ class JobQuery:
         except StaleDriverError:
             query.stop()
             raise
+        finally:
+            if sink.reads is not None:
+                sink.reads.close()
         if not live:
             _log_first_progress(query)
 
@@ -104,6 +118,9 @@ class JobQuery:
                 cores=self.cores, log_identity=v.log_identity,
                 archive_root=root, columns=columns.get(source.topic),
                 decoded=s.decoded_segments)
+            self.read_options[source.topic] = options
+            if self.sink_reads(live):  # the source plans the batches; the sink reads them
+                options = {**options, "sink_reads": "true"}
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
 

@@ -25,13 +25,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from orchestrator.archive.coverage import (
-    SegmentRef,
-    covering,
-    covering_from,
-    spans,
-    with_decoded,
-)
+from orchestrator.archive.coverage import SegmentRef, read_tasks, spans
 from orchestrator.archive.decoding import Decoding
 from orchestrator.archive.held import readable_bounds
 from orchestrator.errors import LogChangedError
@@ -40,7 +34,6 @@ from orchestrator.lag import (
     chunk_size,
     log_changed_reason,
     log_mismatches,
-    split_range,
     take_records,
 )
 from orchestrator.log_identity import LogIdentity, log_gone_reason, replaced
@@ -219,9 +212,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
                    ) -> list[InputPartition]:
-        ranges: list[InputPartition] = []
         total = sum(stop - start.get(topic, {}).get(partition, stop)
                     for topic, partitions in end.items() for partition, stop in partitions.items())
+        if self.options.get("sink_reads"):
+            return []  # the sink reads the batch itself (spark/sink_reads.py)
         # Every core of the cluster gets a read task, whatever the number of Kafka partitions.
         chunk = chunk_size(total, self.cores, self.chunk_records)
         archived = self._archived() if total else {}
@@ -230,19 +224,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # cannot serve a task's first offsets (as latestOffset just saw it, unless a restart
         # plans its unfinished batch again first).
         broker = (self._last_bounds or self._bounds()) if archived else {}
-        for topic, partitions in end.items():
-            for partition, stop in partitions.items():
-                first = start.get(topic, {}).get(partition, stop)
-                held = archived.get(int(partition), [])
-                broker_start = broker.get((topic, int(partition)), (0, 0))[0]
-                for lo, hi in split_range(first, stop, chunk):
-                    whole = covering(lo, hi, held)
-                    part = covering_from(lo, hi, held) if not whole and lo < broker_start \
-                        else None
-                    refs, cut = part if part else (whole or (), None)
-                    ranges.append(KafkaRange(topic, int(partition), lo, hi,
-                                             with_decoded(refs, decoded), cut))
-        return ranges
+        return [KafkaRange(t.topic, t.partition, t.start, t.end, t.segments, t.cut)
+                for t in read_tasks(start, end, chunk, archived, decoded,
+                                    {k: v[0] for k, v in broker.items()})]
 
     def _readable(self, broker: dict[tuple[str, int], tuple[int, int]]
                   ) -> dict[tuple[str, int], tuple[int, int]]:
