@@ -4,6 +4,7 @@ once live)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,21 +34,38 @@ class JobQuery:
         self.settings, self.version, self.kafka = settings, version, kafka
         self.transform, self.cores, self.start_offsets = transform, cores, start_offsets
         self.read_options: dict[str, dict[str, str]] = {}  # per topic, of the last query built
+        self.by_sink = False  # the current query's sink reads each batch itself
 
     def sink_reads(self, live: bool) -> bool:
         """Whether the sink reads each batch itself (spark/sink_reads.py): a batch job's
-        catch-up, where Spark's Parquet reader can read the decoded segments."""
-        s = self.settings
-        return not live and self.version.spec.mode == "batch" and s.decoded_segments and \
-            jvm_root(executor_archive_root(s)) is not None
+        catch-up where Spark's Parquet reader can read decoded segments, and there are some."""
+        from orchestrator.spark.archive_source import archived_segments, decoded_segments
+        from orchestrator.spark.source import source_decoding
+
+        s, v = self.settings, self.version
+        root = executor_archive_root(s)
+        if live or v.spec.mode != "batch" or not s.decoded_segments or jvm_root(root) is None:
+            return False
+        identity = json.dumps(v.log_identity.to_json() if v.log_identity else None)
+        for source in v.spec.inputs:
+            held = archived_segments(s.catalog_schema, identity, source.topic, root or "")
+            decoding = source_decoding({"schema": source.schema, "tombstones": source.tombstones,
+                                        "non_negative": json.dumps(list(source.non_negative))})
+            if held and decoded_segments(s.catalog_schema, held, decoding.fingerprint):
+                return True
+        return False
 
     def run(self, spark: Any, sink: BatchCommit, *, live: bool,
             tick: Callable[[], None] | None = None) -> None:
         """Run the query until it ends (catch-up) or fails; ``tick`` every LAG_CHECK_S."""
         s, v = self.settings, self.version
+        self.by_sink = self.sink_reads(live)
+        if self.by_sink:
+            log.info("this catch-up reads decoded segments with Spark's Parquet reader: the "
+                     "sink reads each batch")
         stream, output_mode = self._query(spark, live=live)
         sink.reads = SinkReads(self.read_options, self.cores, s.chunk_records, s.catalog_schema,
-                               v.id, self.kafka) if self.sink_reads(live) else None
+                               v.id, self.kafka) if self.by_sink else None
         writer = (stream.writeStream.outputMode(output_mode).foreachBatch(sink)
                   .option("checkpointLocation", v.checkpoint_dir)
                   .queryName(f"{v.job}__{v.version}__{'live' if live else 'catchup'}"))
@@ -119,7 +137,7 @@ class JobQuery:
                 archive_root=root, columns=columns.get(source.topic),
                 decoded=s.decoded_segments)
             self.read_options[source.topic] = options
-            if self.sink_reads(live):  # the source plans the batches; the sink reads them
+            if self.by_sink:  # the source plans the batches; the sink reads them
                 options = {**options, "sink_reads": "true"}
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams

@@ -110,6 +110,7 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         log = Path(service.version_status(JOB, "v2").log_path or "").read_text()
         named = [line for line in log.splitlines() if files[rebuilt.path] in line]
         assert len(named) == 1 and "rebuilt from its raw segment" in named[0], named
+        assert "reads decoded segments with Spark's Parquet reader" in log  # a batch job
 
         # Without decoded segments a replay parses the raw ones: the damaged one stops the
         # batch that needs it, naming the segment.
