@@ -8,7 +8,8 @@ kernels. pyarrow's reader is not orjson, so nothing is taken on its word alone:
 - a value goes to ``ColumnarParser`` (the Kafka path's own code, record by record where it
   must) unless it is plain: a non-empty JSON object text, valid UTF-8, on one line, without the
   tokens that pyarrow reads but orjson refuses (``NaN``, ``Infinity``, numbers of 20 digits or
-  with an exponent), and with every declared field present and of its type;
+  with an exponent, nesting as deep as orjson's limit), and with every declared field present
+  and of its type;
 - a value the reader fails on is sent there too, and any failure that the reader does not pin
   to one value (or a count of rows that is not one per value) sends the whole chunk.
 
@@ -40,6 +41,7 @@ _SUSPECT = r"NaN|Inf|\d[eE]|\d{20}|[\r\n]"
 # What a field's value must not start with (or, for an integer, go on with): another type.
 _OTHER_TYPE = {int: r"(?:[^-0-9]|-?\d+\.)", str: '[^"]', bool: "[^tf]"}
 _ERROR_ROW = re.compile(r" in row (\d+)$")
+_DEEP = 1000  # brackets from which a value may be deeper than orjson reads (1,024 levels)
 # Above this share of values that the reader fails on, the chunk goes to ColumnarParser whole:
 # each such value costs a second read of the values before it.
 _MOST_FAILURES = 0.05
@@ -241,6 +243,13 @@ def _suspect(values: pa.BinaryArray, pattern: str) -> np.ndarray:
     bad |= (first != ord("{")) | (last != ord("}"))
     bad |= np.asarray(pc.match_substring_regex(values, pattern).fill_null(True).to_numpy(
         zero_copy_only=False), bool)
+    # orjson refuses JSON nested deeper than it recurses; pyarrow reads it. A value holds at
+    # least as many brackets as its depth, so one with fewer cannot be too deep.
+    brackets = np.zeros(n, np.int64)
+    for bracket in ("[", "{"):
+        brackets += np.asarray(pc.count_substring(values, bracket).fill_null(0).to_numpy(
+            zero_copy_only=False), np.int64)
+    bad |= brackets >= _DEEP
     try:
         values.cast(pa.string())
     except pa.ArrowInvalid:  # rare: find the values that are not UTF-8, one by one
