@@ -57,6 +57,10 @@ class Settings:
     # The archiver decodes each segment once per decoding that a version reads it with, and
     # replays read those typed segments with no parse; false: neither (raw segments only).
     decoded_segments: bool = True
+    # Records per catch-up batch where the sink reads decoded segments with Spark's Parquet
+    # reader: no record passes through Python, so a batch's size costs no driver memory, and
+    # fewer batches cost fewer fixed costs (a Spark job and a commit each).
+    decoded_batch_records: int = 2_000_000
     catalog_schema: str = "kappa"
     data_schema: str = "kappa_data"
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read

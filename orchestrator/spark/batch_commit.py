@@ -123,12 +123,16 @@ class BatchCommit:
         s = self.settings
         if self.reads is not None:
             df = self.reads.events(df, start, end)
+        planned = time.monotonic()
         if batch_id == self.quarantine:
             write_id, staged = None, "several writes"
             mover = self._quarantined(df, batch_id, start, end)
         else:
             write_id = self._stage(df)
             staged, mover = "one write", None
+        if self.reads is not None:
+            self.reads.finish()
+        ran = time.monotonic()
         result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
                              self.attempt, batch_id, start, end, write_id, move=mover)
         fail_point("batch.after_pg_commit")
@@ -136,11 +140,12 @@ class BatchCommit:
         seconds = time.monotonic() - began
         log.info("batch %d: %d offsets (%s from the archive), %s staged, %d output rows "
                  "changed, %d dead letters, %d offsets without a record, applied=%s, %.2fs "
-                 "(%.0f records/s)", batch_id, result.records,
+                 "(%.0f records/s; read plan %.2fs, Spark %.2fs, commit %.2fs)", batch_id,
+                 result.records,
                  "?" if result.archived_offsets is None else result.archived_offsets, staged,
                  result.output_rows, result.dead_letters, result.gap_offsets, result.applied,
-                 seconds,
-                 result.records / seconds if seconds else 0.0)
+                 seconds, result.records / seconds if seconds else 0.0, planned - began,
+                 ran - planned, time.monotonic() - ran)
 
     def _stage(self, df: Any) -> str:
         """Transform ``df`` and have the executors COPY its rows into the stage table, under a

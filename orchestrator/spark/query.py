@@ -131,7 +131,8 @@ class JobQuery:
                 kafka=self.kafka, source=source, group_id=v.consumer_group,
                 start_offsets=self.start_offsets,
                 chunk_records=LIVE_CHUNK if live else s.chunk_records,
-                max_batch_records=s.max_batch_records, version_id=v.id,
+                max_batch_records=max(s.max_batch_records, s.decoded_batch_records)
+                if self.by_sink else s.max_batch_records, version_id=v.id,
                 catalog_schema=s.catalog_schema, job=v.job, version=v.version,
                 cores=self.cores, log_identity=v.log_identity,
                 archive_root=root, columns=columns.get(source.topic),

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +34,7 @@ from orchestrator.schema import parse_ddl
 
 log = logging.getLogger("kappa.driver")
 RANGES_SOURCE = "kappa_ranges"
+_RECHECK_S = 10.0
 _DEAD_COLUMNS = ["kafka_offset", "kafka_timestamp", "_dead", DEAD_REASON, DEAD_KEY, DEAD_VALUE]
 
 
@@ -54,6 +57,11 @@ class SinkReads:
         self.cores, self.chunk_records = cores, chunk_records
         self.catalog_schema, self.version_id, self.kafka = catalog_schema, version_id, kafka
         self._probe: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kappa-sink-stage")
+        self._staging: list[Future[None]] = []
+        # {topic: (when, segments, decoded)}: segments never change once recorded, so what
+        # was read stays true; asked again after _RECHECK_S for what was added since.
+        self._seen: dict[str, tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]]] = {}
 
     def events(self, df: Any, start: Offsets, end: Offsets) -> Any:
         """The batch [start, end) as the streaming source's ``df`` would hold it."""
@@ -87,10 +95,14 @@ class SinkReads:
         total = sum(stop - mine_start[topic].get(p, stop) for p, stop in mine_end[topic].items())
         if not total:
             return []
-        archived = archived_segments(self.catalog_schema, options.get("log_identity"), topic,
+        seen = self._seen.get(topic)
+        if seen is None or time.monotonic() - seen[0] > _RECHECK_S:
+            held = archived_segments(self.catalog_schema, options.get("log_identity"), topic,
                                      options["archive_root"])
-        decoded = decoded_segments(self.catalog_schema, archived,
-                                   source_decoding(options).fingerprint) if archived else {}
+            seen = self._seen[topic] = (time.monotonic(), held, decoded_segments(
+                self.catalog_schema, held, source_decoding(options).fingerprint)
+                if held else {})
+        _, archived, decoded = seen
         broker = self._broker_starts(topic) if archived else {}
         return read_tasks(mine_start, mine_end, chunk_size(total, self.cores,
                                                            self.chunk_records),
@@ -105,51 +117,70 @@ class SinkReads:
 
     def _decoded(self, spark: Any, schema: Any, options: Mapping[str, str],
                  tasks: list[ReadTask]) -> Any:
-        """The rows of ``tasks`` from their decoded segments, read by Spark; the driver stages
-        what each task found and its dead letters first."""
+        """The rows of ``tasks`` from their decoded segments, read by Spark. Each file is
+        checked first; what each task found and its dead letters are staged meanwhile, on
+        another thread (``finish`` waits for it before the batch's commit)."""
         from pyspark.sql import functions as F
 
         root = options["archive_root"]
-        files: dict[str, str] = {}
+        tables: dict[str, pa.Table] = {}
+        work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]]]] = []
         ranges: dict[int, list[tuple[int, int]]] = {}
         for task in tasks:
-            found = 0
+            parts = []
             for ref in task.segments:
                 lo, hi = max(task.start, ref.first_offset), min(task.end, ref.end_offset)
                 if lo >= hi:
                     continue
                 assert ref.decoded_path is not None
-                table = _checked(root, ref, self.catalog_schema)
-                found += self._stage_dead(table, task, lo, hi)
-                files[ref.decoded_path] = f"{root}/{ref.decoded_path}"
-            self._stage_read(task, found)
+                if ref.decoded_path not in tables:
+                    tables[ref.decoded_path] = _checked(root, ref, self.catalog_schema)
+                parts.append((tables[ref.decoded_path], lo, hi))
+            work.append((task, parts))
             ranges.setdefault(task.partition, []).append((task.start, task.end))
+        self._staging.append(self._pool.submit(self._stage, work))
         where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
                             f"kafka_offset < {hi})" for p, spans in sorted(ranges.items())
                             for lo, hi in _merged(spans))
         event = parse_ddl(options["schema"]).ddl()
-        frame = (spark.read.schema(_decoded_ddl(event)).parquet(*files.values())
+        frame = (spark.read.schema(_decoded_ddl(event))
+                 .parquet(*(f"{root}/{path}" for path in tables))
                  .where(f"NOT _dead AND ({where})"))
         topic = tasks[0].topic
         return frame.select(*(F.lit(topic).alias(f.name) if f.name == "kafka_topic"
                               else F.col(f.name) for f in schema.fields))
 
-    def _stage_dead(self, table: pa.Table, task: ReadTask, lo: int, hi: int) -> int:
-        """Stage the dead letters of [lo, hi) of one decoded segment; returns the records
-        (rows and dead letters) in that range."""
+    def finish(self) -> None:
+        """Wait until the batch's reads and dead letters are staged (raises what staging
+        raised)."""
+        staging, self._staging = self._staging, []
+        for future in staging:
+            future.result()
+
+    def _stage(self, work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]]]]) -> None:
         from orchestrator.spark.writer import stage_dead_letters
 
+        dead: list[tuple[Any, ...]] = []
+        for task, parts in work:
+            found = sum(self._dead_letters(table, task, lo, hi, dead) for table, lo, hi in parts)
+            self._stage_read(task, found)
+        stage_dead_letters(self.catalog_schema, dead)
+
+    def _dead_letters(self, table: pa.Table, task: ReadTask, lo: int, hi: int,
+                      dead: list[tuple[Any, ...]]) -> int:
+        """Add the dead letters of [lo, hi) of one decoded segment to ``dead``; returns the
+        records (rows and dead letters) in that range."""
         offsets = table.column("kafka_offset")
         inside = pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi))
-        dead = table.filter(pc.and_(inside, table.column("_dead")))
-        if dead.num_rows:
-            stamps = dead.column("kafka_timestamp").cast(pa.int64()).to_numpy() // 1000
-            stage_dead_letters(self.catalog_schema, list(zip(
-                [self.version_id] * dead.num_rows, [task.topic] * dead.num_rows,
-                [task.partition] * dead.num_rows, dead.column("kafka_offset").to_pylist(),
-                stamps.tolist(), dead.column(DEAD_KEY).to_pylist(),
-                dead.column(DEAD_VALUE).to_pylist(), dead.column(DEAD_REASON).to_pylist(),
-                strict=True)))
+        letters = table.filter(pc.and_(inside, table.column("_dead")))
+        n = letters.num_rows
+        if n:
+            stamps = letters.column("kafka_timestamp").cast(pa.int64()).to_numpy() // 1000
+            dead += zip([self.version_id] * n, [task.topic] * n, [task.partition] * n,
+                        letters.column("kafka_offset").to_pylist(), stamps.tolist(),
+                        letters.column(DEAD_KEY).to_pylist(),
+                        letters.column(DEAD_VALUE).to_pylist(),
+                        letters.column(DEAD_REASON).to_pylist(), strict=True)
         return int(pc.sum(inside.cast(pa.int64())).as_py() or 0)
 
     def _stage_read(self, task: ReadTask, found: int) -> None:
@@ -159,6 +190,7 @@ class SinkReads:
                    task.start, task.end, found, archived_offsets=task.end - task.start)
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         if self._probe is not None:
             self._probe.close()
             self._probe = None
