@@ -102,6 +102,9 @@ class VersionStatus:
     log_tail: tuple[str, ...] = ()
     # The log it read is gone: its processed offsets describe that log, not the one there now.
     log_gone: bool = False
+    # (segments decoded under its decodings, segments archived) of the log it reads; None:
+    # unknown, or the archive holds nothing of it. Its replay reads the raw ones meanwhile.
+    decoded: tuple[int, int] | None = None
 
     def caught_up(self, max_lag: int = 0) -> bool:
         """Replayed to the log end, give or take ``max_lag`` records."""
@@ -128,6 +131,8 @@ class VersionStatus:
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "log_tail": list(self.log_tail),
             "log_gone": self.log_gone,
+            "decoded_segments": None if self.decoded is None else self.decoded[0],
+            "archived_segments": None if self.decoded is None else self.decoded[1],
         }
 
 

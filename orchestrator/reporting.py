@@ -120,12 +120,14 @@ def catch_up_progress(svc: Orchestrator, job: str, version: str, *, max_lag: int
 
 def status_of(svc: Orchestrator, conn: psycopg.Connection, v: DeployedVersion, *,
                exact_rows: bool = True) -> VersionStatus:
+    from orchestrator.archive.decode_pass import version_progress
     from orchestrator.catalog.batches import dead_letter_total
 
     s = svc.settings
     with conn.transaction():
         run = check_liveness(svc, conn, v, runs.get(conn, s.catalog_schema, v.id))
         processed = runs.processed_offsets(conn, s.catalog_schema, v.id)
+        decoded = version_progress(conn, s.catalog_schema, v) if s.decoded_segments else None
         if exact_rows:
             rows = output.count_rows(conn, s.data_schema, v.output_table)
             dead = output.count_rows(conn, s.data_schema, v.dead_letter_table)
@@ -154,7 +156,7 @@ def status_of(svc: Orchestrator, conn: psycopg.Connection, v: DeployedVersion, *
         lag_records=lag, heartbeat_age_s=age, reason=run.reason, attempt=run.attempt,
         log_path=run.log_path, started_at=run.started_at,
         log_tail=launcher.log_tail(run.log_path) if run.state == RunState.FAILED else (),
-        log_gone=bool(gone) or read_lost_records(run.reason),
+        log_gone=bool(gone) or read_lost_records(run.reason), decoded=decoded,
     )
 
 

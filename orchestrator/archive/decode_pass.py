@@ -28,6 +28,7 @@ from orchestrator.archive.parquet_store import ParquetStore, parquet_bytes
 from orchestrator.archive.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
+from orchestrator.models import DeployedVersion
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.archive")
@@ -62,6 +63,25 @@ def uses(conn: psycopg.Connection, schema: str) -> list[Use]:
                 decoding = Decoding.of(source)
                 found.setdefault((root, decoding.fingerprint), Use(root, decoding))
     return list(found.values())
+
+
+def version_progress(conn: psycopg.Connection, schema: str, version: DeployedVersion
+                     ) -> tuple[int, int] | None:
+    """(segments decoded under the version's decodings, segments) of the lineages it reads;
+    None (unknown, not 0) where the archive holds nothing of its log."""
+    identity = version.log_identity
+    if identity is None or identity.cluster_id is None:
+        return None
+    roots = {k.identity: k.root for k in manifest.known_logs(conn, schema)}
+    found: tuple[int, int] | None = None
+    for source in version.spec.inputs:
+        topic_id = identity.topics.get(source.topic)
+        root = roots.get(Lineage(identity.cluster_id, source.topic, topic_id or ""))
+        if root is not None:
+            done, held = decoded_manifest.counts(conn, schema, root,
+                                                 Decoding.of(source).fingerprint)
+            found = (done, held) if found is None else (found[0] + done, found[1] + held)
+    return found
 
 
 def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding

@@ -82,3 +82,19 @@ def forget(conn: psycopg.Connection, schema: str, decoding: str, lineage: Lineag
         qualified(schema, "archive_decodings"), qualified(schema, "archive_decoded")),
         (decoding,))
     return int(removed)
+
+
+def counts(conn: psycopg.Connection, schema: str, lineage: Lineage, decoding: str
+           ) -> tuple[int, int]:
+    """(segments decoded under ``decoding`` as the manifest holds them now, segments) of
+    ``lineage``."""
+    row = conn.execute(sql.SQL(
+        "SELECT count(d.decoding), count(*) FROM {segments} s LEFT JOIN {decoded} d "
+        "ON d.decoding = %s AND d.cluster_id = s.cluster_id AND d.topic = s.topic "
+        "AND d.topic_id = s.topic_id AND d.partition = s.partition "
+        "AND d.first_offset = s.first_offset AND d.raw_checksum = s.checksum "
+        "WHERE s.cluster_id = %s AND s.topic = %s AND s.topic_id = %s").format(
+            segments=qualified(schema, "archive_segments"),
+            decoded=qualified(schema, "archive_decoded")),
+        (decoding, lineage.cluster_id, lineage.topic, lineage.topic_id)).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)

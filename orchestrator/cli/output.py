@@ -95,9 +95,9 @@ def status_table(statuses: Sequence[VersionStatus]) -> str:
         rows.append([st.job, st.version, st.state.value, st.pid or st.app_id, st.output_table,
                      st.rows, st.dead_letters, st.lag_records,
                      None if st.heartbeat_age_s is None else f"{st.heartbeat_age_s:.1f}s",
-                     offsets])
+                     offsets, None if st.decoded is None else "{:,}/{:,}".format(*st.decoded)])
     text = table(["job", "version", "state", "pid", "output table", "rows", "dead letters",
-                  "lag", "heartbeat", "processed offsets"], rows)
+                  "lag", "heartbeat", "processed offsets", "decoded"], rows)
     for st in statuses:
         if st.reason and st.state.value in ("failed", "stopped"):
             text += f"\n\n{st.job} {st.version} {st.state.value}: {st.reason}"
@@ -119,7 +119,7 @@ class ProgressBar:
     def __init__(self, label: str, width: int = 30):
         self.label, self.width = label, width
         self.tty = sys.stderr.isatty()
-        self._last = ""
+        self._last = self._last_state = ""
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         if self.tty:
@@ -136,6 +136,9 @@ class ProgressBar:
         processed = sum(o for ps in st.processed_offsets.values() for o in ps.values())
         total = processed + (st.lag_records or 0)
         state = st.state.value
+        if st.decoded is not None and st.decoded[0] < st.decoded[1]:
+            # The replay parses what is not decoded yet; the archiver decodes meanwhile.
+            state += " (decoded segments {:,} of {:,})".format(*st.decoded)
         if self._progress is not None and self._task is not None:
             from rich.text import Text
 
@@ -146,10 +149,10 @@ class ProgressBar:
         filled = int(fraction * self.width)
         line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
                 f"{fraction:6.1%} {processed:,}/{total:,} {state}")
-        if line != self._last and state != self._last.rsplit(" ", 1)[-1]:
+        if line != self._last and state != self._last_state:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
-        self._last = line
+        self._last, self._last_state = line, state
 
     def close(self) -> None:
         if self._progress is not None:

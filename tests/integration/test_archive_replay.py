@@ -75,6 +75,9 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         assert dead_letters(settings, f"{JOB}__v1__dead_letters") == reference.invalid_offsets
         assert reference.invalid_offsets
         assert_batches_tile_the_log(settings, JOB, "v1", topic, reference.log_end)
+        # Nothing decoded yet: v1 parsed the raw segments, and its status says how far the
+        # decoding of what it reads is.
+        assert service.version_status(JOB, "v1").decoded == (0, len(segments))
         counted = _archived_offsets(settings, "v1")
         from_archive = sum(c or 0 for c in counted)
         print(f"offsets from the archive per batch: {counted}; archive ends {archive_end}")
@@ -94,6 +97,7 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         assert len(mine) == 1 and mine[0]["in_use"], progress
         assert mine[0]["decoded_segments"] == mine[0]["raw_segments"] == len(segments), mine
         assert mine[0]["dead_letters"] == len(reference.invalid_offsets), mine
+        assert service.version_status(JOB, "v1").decoded == (len(segments), len(segments))
         files = _decoded(settings, topic)
         root = Path(archive_root(settings))
         rebuilt, skipped = segments[0], segments[1]
