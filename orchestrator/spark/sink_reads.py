@@ -57,6 +57,7 @@ class SinkReads:
         self.cores, self.chunk_records = cores, chunk_records
         self.catalog_schema, self.version_id, self.kafka = catalog_schema, version_id, kafka
         self._probe: Any = None
+        self._gaps: dict[str, tuple[int, ...]] = {}  # raw segment path: its gap offsets
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kappa-sink-stage")
         self._staging: list[Future[None]] = []
         # {topic: (when, segments, decoded)}: segments never change once recorded, so what
@@ -103,6 +104,8 @@ class SinkReads:
                 self.catalog_schema, held, source_decoding(options).fingerprint)
                 if held else {})
         _, archived, decoded = seen
+        self._gaps.update({s.path: s.gap_offsets for segments in archived.values()
+                           for s in segments if s.gap_offsets})
         broker = self._broker_starts(topic) if archived else {}
         return read_tasks(mine_start, mine_end, chunk_size(total, self.cores,
                                                            self.chunk_records),
@@ -123,20 +126,23 @@ class SinkReads:
         from pyspark.sql import functions as F
 
         root = options["archive_root"]
-        tables: dict[str, pa.Table] = {}
-        work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]]]] = []
+        # Per file, its dead letters only: a batch's memory grows with those, not its records.
+        letters: dict[str, pa.Table] = {}
+        work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]], int]] = []
         ranges: dict[int, list[tuple[int, int]]] = {}
         for task in tasks:
-            parts = []
+            parts, found = [], 0
             for ref in task.segments:
                 lo, hi = max(task.start, ref.first_offset), min(task.end, ref.end_offset)
                 if lo >= hi:
                     continue
                 assert ref.decoded_path is not None
-                if ref.decoded_path not in tables:
-                    tables[ref.decoded_path] = _checked(root, ref, self.catalog_schema)
-                parts.append((tables[ref.decoded_path], lo, hi))
-            work.append((task, parts))
+                if ref.decoded_path not in letters:
+                    letters[ref.decoded_path] = _checked(root, ref, self.catalog_schema)
+                parts.append((letters[ref.decoded_path], lo, hi))
+                gaps = self._gaps.get(ref.path, ())
+                found += hi - lo - sum(1 for g in gaps if lo <= g < hi)
+            work.append((task, parts, found))
             ranges.setdefault(task.partition, []).append((task.start, task.end))
         self._staging.append(self._pool.submit(self._stage, work))
         where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
@@ -144,7 +150,7 @@ class SinkReads:
                             for lo, hi in _merged(spans))
         event = parse_ddl(options["schema"]).ddl()
         frame = (spark.read.schema(_decoded_ddl(event))
-                 .parquet(*(f"{root}/{path}" for path in tables))
+                 .parquet(*(f"{root}/{path}" for path in letters))
                  .where(f"NOT _dead AND ({where})"))
         topic = tasks[0].topic
         return frame.select(*(F.lit(topic).alias(f.name) if f.name == "kafka_topic"
@@ -157,22 +163,23 @@ class SinkReads:
         for future in staging:
             future.result()
 
-    def _stage(self, work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]]]]) -> None:
+    def _stage(self, work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]], int]]
+               ) -> None:
         from orchestrator.spark.writer import stage_dead_letters
 
         dead: list[tuple[Any, ...]] = []
-        for task, parts in work:
-            found = sum(self._dead_letters(table, task, lo, hi, dead) for table, lo, hi in parts)
+        for task, parts, found in work:
+            for table, lo, hi in parts:
+                self._dead_letters(table, task, lo, hi, dead)
             self._stage_read(task, found)
         stage_dead_letters(self.catalog_schema, dead)
 
     def _dead_letters(self, table: pa.Table, task: ReadTask, lo: int, hi: int,
-                      dead: list[tuple[Any, ...]]) -> int:
-        """Add the dead letters of [lo, hi) of one decoded segment to ``dead``; returns the
-        records (rows and dead letters) in that range."""
+                      dead: list[tuple[Any, ...]]) -> None:
+        """Add the dead letters of [lo, hi) of one decoded segment (``table``: its dead
+        letters) to ``dead``."""
         offsets = table.column("kafka_offset")
-        inside = pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi))
-        letters = table.filter(pc.and_(inside, table.column("_dead")))
+        letters = table.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi)))
         n = letters.num_rows
         if n:
             stamps = letters.column("kafka_timestamp").cast(pa.int64()).to_numpy() // 1000
@@ -181,7 +188,6 @@ class SinkReads:
                         letters.column(DEAD_KEY).to_pylist(),
                         letters.column(DEAD_VALUE).to_pylist(),
                         letters.column(DEAD_REASON).to_pylist(), strict=True)
-        return int(pc.sum(inside.cast(pa.int64())).as_py() or 0)
 
     def _stage_read(self, task: ReadTask, found: int) -> None:
         from orchestrator.spark.writer import stage_read
@@ -197,20 +203,21 @@ class SinkReads:
 
 
 def _checked(root: str, ref: Any, catalog_schema: str) -> pa.Table:
-    """The columns of a decoded segment the driver stages from, once its file is checked; a
-    missing or bad one is rebuilt from its raw segment first."""
+    """The dead letters of a decoded segment, once its file is checked; a missing or bad one
+    is rebuilt from its raw segment first."""
     from orchestrator.archive.decode_pass import read_decoded, rebuild
     from orchestrator.archive.parquet_store import ParquetStore
     from orchestrator.spark.writer import connection
 
     store = ParquetStore(root)
     try:
-        return read_decoded(store, ref.decoded_path, ref.decoded_checksum, _DEAD_COLUMNS)
+        table = read_decoded(store, ref.decoded_path, ref.decoded_checksum, _DEAD_COLUMNS)
     except ArchiveError as exc:
         log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw segment %s",
                     store.location(ref.decoded_path), exc, store.location(ref.path))
-        return rebuild(connection(), catalog_schema, store, ref.decoded_path).select(
+        table = rebuild(connection(), catalog_schema, store, ref.decoded_path).select(
             _DEAD_COLUMNS)
+    return table.filter(table.column("_dead"))
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
