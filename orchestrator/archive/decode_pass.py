@@ -224,6 +224,29 @@ def verify_decoded(conn: psycopg.Connection, schema: str, store: ParquetStore,
     return len(found), rebuilt
 
 
+def read_or_rebuild(connect: Callable[[], psycopg.Connection], schema: str, store: ParquetStore,
+                    path: str, checksum: str, columns: Sequence[str]) -> pa.Table:
+    """A decoded segment's ``columns``, once its file matches its checksum; one missing or bad
+    is rebuilt from its raw segment, and one line names it. Readers that find it bad together
+    (read tasks of one segment) take turns: one rebuilds it, the others read what it put in
+    place."""
+    try:
+        return read_decoded(store, path, checksum, columns)
+    except ArchiveError:
+        pass
+    conn = connect()
+    key = f"kappa-rebuild/{path}"
+    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+    try:
+        return read_decoded(store, path, checksum, columns)
+    except ArchiveError as exc:
+        log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw segment",
+                    store.location(path), exc)
+        return rebuild(conn, schema, store, path).select(list(columns))
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+
+
 def read_decoded(store: ParquetStore, path: str, checksum: str,
                  columns: Sequence[str] | None = None) -> pa.Table:
     """A decoded segment's table (``columns`` of it), once its file matches its checksum."""

@@ -120,31 +120,14 @@ def decoded_range(root: str, ref: SegmentRef, start: int, end: int, topic: str,
                                                   str | None]]]:
     """The rows (``schema``) and dead letters of [start, end) of a decoded segment. One that is
     missing or bad is rebuilt from its raw segment, and one line names it."""
-    from orchestrator.archive.decode_pass import read_decoded, rebuild
+    from orchestrator.archive.decode_pass import read_or_rebuild
     from orchestrator.archive.decoder import read_columns, split_decoded
     from orchestrator.archive.parquet_store import ParquetStore
     from orchestrator.spark.writer import connection
 
     assert ref.decoded_path is not None and ref.decoded_checksum is not None
-    store = ParquetStore(root)
-    columns = read_columns(schema)
-    try:
-        table = read_decoded(store, ref.decoded_path, ref.decoded_checksum, columns)
-    except ArchiveError:
-        # Read tasks of one segment may find it bad together: one rebuilds it, the others
-        # wait and then read what it put in place.
-        conn = connection()
-        key = f"kappa-rebuild/{ref.decoded_path}"
-        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
-        try:
-            table = read_decoded(store, ref.decoded_path, ref.decoded_checksum, columns)
-        except ArchiveError as exc:
-            log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw "
-                        "segment %s", store.location(ref.decoded_path), exc,
-                        store.location(ref.path))
-            table = rebuild(conn, catalog_schema, store, ref.decoded_path)
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+    table = read_or_rebuild(connection, catalog_schema, ParquetStore(root), ref.decoded_path,
+                            ref.decoded_checksum, read_columns(schema))
     return split_decoded(table, topic, start, end, schema)
 
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.archive.decoding import Decoding
 from orchestrator.archive.readable import archive_root, executor_archive_root
 from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.kafka_endpoint import KafkaEndpoint
@@ -40,7 +41,6 @@ class JobQuery:
         """Whether the sink reads each batch itself (spark/sink_reads.py): a batch job's
         catch-up where Spark's Parquet reader can read decoded segments, and there are some."""
         from orchestrator.spark.archive_source import archived_segments, decoded_segments
-        from orchestrator.spark.source import source_decoding
 
         s, v = self.settings, self.version
         root = executor_archive_root(s)
@@ -49,9 +49,7 @@ class JobQuery:
         identity = json.dumps(v.log_identity.to_json() if v.log_identity else None)
         for source in v.spec.inputs:
             held = archived_segments(s.catalog_schema, identity, source.topic, root or "")
-            decoding = source_decoding({"schema": source.schema, "tombstones": source.tombstones,
-                                        "non_negative": json.dumps(list(source.non_negative))})
-            if held and decoded_segments(s.catalog_schema, held, decoding.fingerprint):
+            if held and decoded_segments(s.catalog_schema, held, Decoding.of(source).fingerprint):
                 return True
         return False
 

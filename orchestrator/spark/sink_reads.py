@@ -27,7 +27,6 @@ import pyarrow.compute as pc
 
 from orchestrator.archive.coverage import ReadTask, read_tasks
 from orchestrator.archive.decoding import DEAD_KEY, DEAD_REASON, DEAD_VALUE
-from orchestrator.archive.segments import ArchiveError
 from orchestrator.lag import chunk_size
 from orchestrator.models import Offsets
 from orchestrator.schema import parse_ddl
@@ -203,20 +202,14 @@ class SinkReads:
 
 
 def _checked(root: str, ref: Any, catalog_schema: str) -> pa.Table:
-    """The dead letters of a decoded segment, once its file is checked; a missing or bad one
-    is rebuilt from its raw segment first."""
-    from orchestrator.archive.decode_pass import read_decoded, rebuild
+    """The dead letters of a decoded segment, once its file is checked (rebuilt first if it
+    is missing or bad)."""
+    from orchestrator.archive.decode_pass import read_or_rebuild
     from orchestrator.archive.parquet_store import ParquetStore
     from orchestrator.spark.writer import connection
 
-    store = ParquetStore(root)
-    try:
-        table = read_decoded(store, ref.decoded_path, ref.decoded_checksum, _DEAD_COLUMNS)
-    except ArchiveError as exc:
-        log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw segment %s",
-                    store.location(ref.decoded_path), exc, store.location(ref.path))
-        table = rebuild(connection(), catalog_schema, store, ref.decoded_path).select(
-            _DEAD_COLUMNS)
+    table = read_or_rebuild(connection, catalog_schema, ParquetStore(root), ref.decoded_path,
+                            ref.decoded_checksum, _DEAD_COLUMNS)
     return table.filter(table.column("_dead"))
 
 
