@@ -60,7 +60,7 @@ class Settings:
     # Records per catch-up batch where the sink reads decoded segments with Spark's Parquet
     # reader: no record passes through Python, so a batch's size costs no driver memory, and
     # fewer batches cost fewer fixed costs (a Spark job and a commit each).
-    decoded_batch_records: int = 2_000_000
+    decoded_batch_records: int = 10_000_000
     catalog_schema: str = "kappa"
     data_schema: str = "kappa_data"
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read

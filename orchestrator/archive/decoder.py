@@ -138,5 +138,5 @@ def split_decoded(table: pa.Table, topic: str, start: int, end: int, schema: pa.
                      for f in schema], schema=schema), dead
 
 
-def file_checksum(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def file_checksum(data: bytes | pa.Buffer) -> str:
+    return hashlib.sha256(memoryview(data)).hexdigest()

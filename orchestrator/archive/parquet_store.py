@@ -107,12 +107,12 @@ class ParquetStore:
             raise ArchiveError(f"cannot read segment {location} ({exc}): it is gone or "
                                "damaged; run `kappa archive verify`") from exc
 
-    def read_bytes(self, relative: str) -> bytes:
+    def read_bytes(self, relative: str) -> pa.Buffer:
         """A file's bytes, to check against its manifest checksum before it is parsed."""
         location = self.location(relative)
         try:
             with self.fs.open_input_file(location) as stream:
-                return bytes(stream.readall())
+                return stream.read_buffer()
         except (OSError, pa.ArrowInvalid) as exc:
             raise ArchiveError(f"cannot read {location} ({exc}): it is gone or damaged; run "
                                "`kappa archive verify`") from exc

@@ -29,6 +29,17 @@ def decodings(conn: psycopg.Connection, schema: str) -> dict[str, Decoding]:
     return {str(fp): Decoding.from_json(spec) for fp, spec in rows}
 
 
+def holds_any(conn: psycopg.Connection, schema: str) -> bool:
+    """Whether the archive holds any decoded segment (False before migration 019 ran)."""
+    table = qualified(schema, "archive_decoded")
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (table.as_string(conn),)).fetchone()
+    if not exists or not exists[0]:
+        return False
+    found = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table)).fetchone()
+    return bool(found and found[0])
+
+
 def _from_row(row: tuple[Any, ...]) -> DecodedSegment:
     fp, cluster, topic, topic_id, partition, first, end, rows, dead, size, digest, raw, path = row
     return DecodedSegment(fp, Lineage(cluster, topic, topic_id), partition, first, end, rows,

@@ -125,13 +125,13 @@ class BatchCommit:
             df = self.reads.events(df, start, end)
         planned = time.monotonic()
         if batch_id == self.quarantine:
+            if self.reads is not None:
+                self.reads.finish()  # its files checked before its tries read them
             write_id, staged = None, "several writes"
             mover = self._quarantined(df, batch_id, start, end)
         else:
-            write_id = self._stage(df)
+            write_id = self._stage_checked(df)
             staged, mover = "one write", None
-        if self.reads is not None:
-            self.reads.finish()
         ran = time.monotonic()
         result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
                              self.attempt, batch_id, start, end, write_id, move=mover)
@@ -154,6 +154,22 @@ class BatchCommit:
         write_id = uuid.uuid4().hex
         output.mapInArrow(stage_writer(self.stage, self.columns, write_id),
                           WRITE_RESULT_SCHEMA).collect()
+        return write_id
+
+    def _stage_checked(self, df: Any) -> str:
+        """``_stage``; where the sink reads decoded segments, Spark reads them while they are
+        checked: one found bad was rebuilt, and the batch is staged again from it."""
+        try:
+            write_id = self._stage(df)
+        except Exception:
+            if self.reads is None or not self.reads.finish():
+                raise
+            rebuilt = True
+        else:
+            rebuilt = self.reads is not None and self.reads.finish()
+        if rebuilt and self.reads is not None:
+            log.info("a decoded segment this batch read was rebuilt: staging it again")
+            write_id = self._stage(self.reads.again())
         return write_id
 
     def _quarantined(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> Mover:

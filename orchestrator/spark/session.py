@@ -35,6 +35,9 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
         # its checkpoint was started with.)
         "spark.sql.shuffle.partitions": str(planned_cores(settings)),
         "spark.sql.adaptive.enabled": "false",
+        # A decoded catch-up names its Parquet files (spark/sink_reads.py): above 32 paths,
+        # Spark would list them with a job of its own, a second per 10 M records.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
         "spark.sql.streaming.stopGracefullyOnShutdown": "false",
         "spark.python.worker.reuse": "true",
         # Workers import pyspark compiled, not from the source zip (see that module).

@@ -6,9 +6,10 @@ The streaming source still plans the batches (its offsets, their tiling, the exa
 commit, resume and restart are unchanged) but reads nothing itself: one place decides, once
 per batch, which of its read tasks the decoded segments serve, so no range is read twice.
 
-The driver reads each decoded file it uses before Spark does: it checks the file's checksum
-(rebuilding a missing or bad one from its raw segment, with one line naming it), stages what
-the task found and its dead letters, which are a few columns of the file. Where the archive
+The driver reads each decoded file it uses while Spark does: it checks the file's checksum
+(rebuilding a missing or bad one from its raw segment, with one line naming it, and then the
+batch is read again, so nothing read from a bad file counts), stages what the task found and
+its dead letters, which are a few columns of the file. Where the archive
 root is not a file system path that every host shares, this is off and the source's read
 tasks read the decoded segments as Arrow batches instead (``source.py``).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -27,6 +28,7 @@ import pyarrow.compute as pc
 
 from orchestrator.archive.coverage import ReadTask, read_tasks
 from orchestrator.archive.decoding import DEAD_KEY, DEAD_REASON, DEAD_VALUE
+from orchestrator.archive.segments import ArchiveError
 from orchestrator.lag import chunk_size
 from orchestrator.models import Offsets
 from orchestrator.schema import parse_ddl
@@ -58,7 +60,9 @@ class SinkReads:
         self._probe: Any = None
         self._gaps: dict[str, tuple[int, ...]] = {}  # raw segment path: its gap offsets
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kappa-sink-stage")
-        self._staging: list[Future[None]] = []
+        self._staging: list[Future[bool]] = []
+        self._frames: list[Callable[[], Any]] = []  # the last batch's reads, for again()
+        self._columns: list[str] = []
         # {topic: (when, segments, decoded)}: segments never change once recorded, so what
         # was read stays true; asked again after _RECHECK_S for what was added since.
         self._seen: dict[str, tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]]] = {}
@@ -67,11 +71,10 @@ class SinkReads:
         """The batch [start, end) as the streaming source's ``df`` would hold it."""
         from pyspark.sql.types import StructType
 
-        from orchestrator.spark.query import union
         from orchestrator.spark.source import KafkaLogSource
 
         spark = df.sparkSession
-        frames = []
+        self._frames, self._columns = [], list(df.columns)
         for topic, options in self.options.items():
             tasks = self._tasks(topic, options, start, end)
             by_jvm = [t for t in tasks if t.decoded_only]
@@ -79,11 +82,17 @@ class SinkReads:
             # The topic's own columns, as its streaming source declares them.
             schema = StructType.fromDDL(KafkaLogSource(dict(options)).schema())
             if by_jvm:
-                frames.append(self._decoded(spark, schema, options, by_jvm))
+                self._frames.append(self._decoded(spark, schema, options, by_jvm))
             if rest:
-                frames.append(spark.read.format(RANGES_SOURCE).schema(schema)
-                              .options(**options, ranges=_ranges_json(rest)).load())
-        return union(frames).select(*df.columns) if frames else df
+                self._frames.append(_ranges_frame(spark, schema, options, rest))
+        return self.again() if self._frames else df
+
+    def again(self) -> Any:
+        """The last batch's events, planned afresh by Spark: after a decoded file it read was
+        rebuilt (its size may differ from what Spark listed)."""
+        from orchestrator.spark.query import union
+
+        return union([frame() for frame in self._frames]).select(*self._columns)
 
     def _tasks(self, topic: str, options: Mapping[str, str], start: Offsets, end: Offsets
                ) -> list[ReadTask]:
@@ -118,49 +127,95 @@ class SinkReads:
         return {k: v[0] for k, v in self._probe.bounds([topic]).items()}
 
     def _decoded(self, spark: Any, schema: Any, options: Mapping[str, str],
-                 tasks: list[ReadTask]) -> Any:
-        """The rows of ``tasks`` from their decoded segments, read by Spark. Each file is
-        checked first; what each task found and its dead letters are staged meanwhile, on
-        another thread (``finish`` waits for it before the batch's commit)."""
+                 tasks: list[ReadTask]) -> Callable[[], Any]:
+        """What reads the rows of ``tasks`` from their decoded segments, in Spark. Each file is
+        checked, and what each task found and its dead letters staged, on other threads while
+        Spark reads: ``finish`` waits for them before the batch's commit, and says whether a
+        file Spark read was found bad (and rebuilt), so that the batch is read again."""
         from pyspark.sql import functions as F
 
         root = options["archive_root"]
-        # Per file, its dead letters only: a batch's memory grows with those, not its records.
-        letters: dict[str, pa.Table] = {}
-        work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]], int]] = []
+        wanted = {ref.decoded_path: ref.decoded_checksum for task in tasks
+                  for ref in task.segments
+                  if ref.first_offset < task.end and ref.end_offset > task.start}
+        self._staging.append(self._pool.submit(self._check_and_stage, root, wanted, tasks))
         ranges: dict[int, list[tuple[int, int]]] = {}
+        for task in tasks:
+            ranges.setdefault(task.partition, []).append((task.start, task.end))
+        where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
+                            f"kafka_offset < {hi})" for p, spans in sorted(ranges.items())
+                            for lo, hi in _merged(spans))
+        event = parse_ddl(options["schema"]).ddl()
+        files = [f"{root}/{path}" for path in wanted]
+        topic = tasks[0].topic
+
+        def frame() -> Any:
+            return spark.read.schema(_decoded_ddl(event)).parquet(*files).where(
+                f"NOT _dead AND ({where})").select(
+                *(F.lit(topic).alias(f.name) if f.name == "kafka_topic" else F.col(f.name)
+                  for f in schema.fields))
+
+        try:
+            listed = [frame()]
+        except Exception:  # Spark lists the files now: one is missing. Rebuilt, it is there.
+            if not self.finish():
+                raise
+            listed = [frame()]
+        return lambda: listed.pop() if listed else frame()  # again(): listed afresh
+
+    def _check_and_stage(self, root: str, wanted: dict[str | None, str | None],
+                         tasks: list[ReadTask]) -> bool:
+        """Check the files (rebuilding what is missing or bad), then stage each task's read
+        and dead letters; True if a file was rebuilt."""
+        letters, rebuilt = self._checked(root, wanted)
+        work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]], int]] = []
         for task in tasks:
             parts, found = [], 0
             for ref in task.segments:
                 lo, hi = max(task.start, ref.first_offset), min(task.end, ref.end_offset)
                 if lo >= hi:
                     continue
-                assert ref.decoded_path is not None
-                if ref.decoded_path not in letters:
-                    letters[ref.decoded_path] = _checked(root, ref, self.catalog_schema)
                 parts.append((letters[ref.decoded_path], lo, hi))
                 gaps = self._gaps.get(ref.path, ())
                 found += hi - lo - sum(1 for g in gaps if lo <= g < hi)
             work.append((task, parts, found))
-            ranges.setdefault(task.partition, []).append((task.start, task.end))
-        self._staging.append(self._pool.submit(self._stage, work))
-        where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
-                            f"kafka_offset < {hi})" for p, spans in sorted(ranges.items())
-                            for lo, hi in _merged(spans))
-        event = parse_ddl(options["schema"]).ddl()
-        frame = (spark.read.schema(_decoded_ddl(event))
-                 .parquet(*(f"{root}/{path}" for path in letters))
-                 .where(f"NOT _dead AND ({where})"))
-        topic = tasks[0].topic
-        return frame.select(*(F.lit(topic).alias(f.name) if f.name == "kafka_topic"
-                              else F.col(f.name) for f in schema.fields))
+        self._stage(work)
+        return rebuilt
 
-    def finish(self) -> None:
-        """Wait until the batch's reads and dead letters are staged (raises what staging
-        raised)."""
+    def _checked(self, root: str, wanted: dict[str | None, str | None]
+                 ) -> tuple[dict[str | None, pa.Table], bool]:
+        """{decoded path: its dead letters} once each file is checked, on every core, and
+        whether one was rebuilt from its raw segment (missing or bad: one line names it).
+        A batch's memory grows with its dead letters, not its records."""
+        from orchestrator.archive.decode_pass import read_decoded, read_or_rebuild
+        from orchestrator.archive.parquet_store import ParquetStore
+        from orchestrator.spark.writer import connection
+
+        store = ParquetStore(root)
+
+        def check(path: str | None) -> pa.Table | None:
+            assert path is not None and wanted[path] is not None
+            try:
+                return read_decoded(store, path, str(wanted[path]), _DEAD_COLUMNS)
+            except ArchiveError:
+                return None  # rebuilt below, one file at a time
+
+        with ThreadPoolExecutor(max_workers=self.cores) as pool:
+            found = dict(zip(wanted, pool.map(check, wanted), strict=True))
+        letters: dict[str | None, pa.Table] = {}
+        for path, checked in found.items():
+            table = checked if checked is not None else read_or_rebuild(
+                connection, self.catalog_schema, store, str(path), str(wanted[path]),
+                _DEAD_COLUMNS)
+            letters[path] = table.filter(table.column("_dead"))
+        return letters, None in found.values()
+
+    def finish(self) -> bool:
+        """Wait until the batch's files are checked and its reads and dead letters staged
+        (raises what that raised); True if a file was rebuilt since the last call, so that
+        what Spark read of it meanwhile does not count."""
         staging, self._staging = self._staging, []
-        for future in staging:
-            future.result()
+        return any([future.result() for future in staging])
 
     def _stage(self, work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]], int]]
                ) -> None:
@@ -201,18 +256,6 @@ class SinkReads:
             self._probe = None
 
 
-def _checked(root: str, ref: Any, catalog_schema: str) -> pa.Table:
-    """The dead letters of a decoded segment, once its file is checked (rebuilt first if it
-    is missing or bad)."""
-    from orchestrator.archive.decode_pass import read_or_rebuild
-    from orchestrator.archive.parquet_store import ParquetStore
-    from orchestrator.spark.writer import connection
-
-    table = read_or_rebuild(connection, catalog_schema, ParquetStore(root), ref.decoded_path,
-                            ref.decoded_checksum, _DEAD_COLUMNS)
-    return table.filter(table.column("_dead"))
-
-
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Adjacent ranges as one: Spark filters a short OR of ranges far faster than a long one."""
     out: list[tuple[int, int]] = []
@@ -230,6 +273,14 @@ def _decoded_ddl(event_ddl: str) -> str:
                       "`kafka_headers` array<struct<key:string,value:binary>>", event_ddl,
                       "`_dead` boolean", f"`{DEAD_REASON}` string", f"`{DEAD_KEY}` binary",
                       f"`{DEAD_VALUE}` binary"])
+
+
+def _ranges_frame(spark: Any, schema: Any, options: Mapping[str, str], tasks: list[ReadTask]
+                  ) -> Callable[[], Any]:
+    """What reads ``tasks`` through the source's own read tasks (raw segments or Kafka)."""
+    ranges = _ranges_json(tasks)
+    return lambda: (spark.read.format(RANGES_SOURCE).schema(schema)
+                    .options(**options, ranges=ranges).load())
 
 
 def _ranges_json(tasks: list[ReadTask]) -> str:

@@ -199,9 +199,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # The log end seen when the run started, plus partitions that appeared since.
             ends = {t: {**ps, **self._available_now_end.get(t, {})} for t, ps in ends.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if not self._served:
+        if not self._served and not self.options.get("sink_reads"):
             # A small first batch: the deploy shows committed output within seconds, and the
-            # query's start-up is not paid again by a full-size batch.
+            # query's start-up is not paid again by a full-size batch. (Where the sink reads
+            # decoded segments, a full batch takes seconds too, and a small one costs a
+            # Spark job: a second at a million records.)
             max_rows = min(max_rows or FIRST_BATCH_RECORDS, FIRST_BATCH_RECORDS)
         end = take_records(start, ends, max_rows, starts)
         self._served = self._served or end != start

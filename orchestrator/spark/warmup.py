@@ -83,8 +83,9 @@ def _batch(batch: Any, _: int) -> None:
     batch.mapInArrow(_connect_and_count, "rows bigint").collect()
 
 
-def warm_up(spark: Any) -> None:
-    """Run the warm-up query to its end; the session is then as a job's first batch leaves it."""
+def warm_up(spark: Any, parquet: bool = False) -> None:
+    """Run the warm-up query to its end; the session is then as a job's first batch leaves it.
+    With ``parquet``, also a scan shaped like a decoded catch-up's (spark/sink_reads.py)."""
     from pyspark.sql import functions as f
 
     spark.dataSource.register(WarmUpSource)
@@ -98,8 +99,27 @@ def warm_up(spark: Any) -> None:
                  .option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
+        if parquet:
+            _read_parquet(spark, checkpoint)
         # The driver side of a deploy, imported now rather than after adoption.
         import orchestrator.spark.driver  # noqa: F401
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
 
+
+
+def _read_parquet(spark: Any, directory: str) -> None:
+    """A filtered Parquet scan and aggregation, as a sink reads decoded segments: the
+    vectorized reader's classes load now, not in the first batch."""
+    import pyarrow.parquet as pq
+
+    path = f"{directory}/decoded.parquet"
+    pq.write_table(pa.table({"kafka_partition": pa.array([0] * _ROWS, pa.int32()),
+                             "kafka_offset": pa.array(range(_ROWS), pa.int64()),
+                             "url": pa.array([f"/{n % 7}" for n in range(_ROWS)]),
+                             "duration_ms": pa.array(range(_ROWS), pa.int64()),
+                             "_dead": pa.array([n % 9 == 0 for n in range(_ROWS)])}), path)
+    (spark.read.schema("kafka_partition int, kafka_offset bigint, url string, "
+                       "duration_ms bigint, _dead boolean").parquet(path)
+     .where("NOT _dead AND (kafka_partition = 0 AND kafka_offset >= 1 AND kafka_offset < 60)")
+     .groupBy("url").count().collect())
