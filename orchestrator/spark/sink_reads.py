@@ -193,21 +193,21 @@ class SinkReads:
 
         store = ParquetStore(root)
 
+        def dead(table: pa.Table) -> pa.Table:
+            return table.filter(table.column("_dead"))  # at once: the rest is 3 MB a file
+
         def check(path: str | None) -> pa.Table | None:
             assert path is not None and wanted[path] is not None
             try:
-                return read_decoded(store, path, str(wanted[path]), _DEAD_COLUMNS)
+                return dead(read_decoded(store, path, str(wanted[path]), _DEAD_COLUMNS))
             except ArchiveError:
                 return None  # rebuilt below, one file at a time
 
         with ThreadPoolExecutor(max_workers=self.cores) as pool:
             found = dict(zip(wanted, pool.map(check, wanted), strict=True))
-        letters: dict[str | None, pa.Table] = {}
-        for path, checked in found.items():
-            table = checked if checked is not None else read_or_rebuild(
-                connection, self.catalog_schema, store, str(path), str(wanted[path]),
-                _DEAD_COLUMNS)
-            letters[path] = table.filter(table.column("_dead"))
+        letters = {path: checked if checked is not None else dead(read_or_rebuild(
+            connection, self.catalog_schema, store, str(path), str(wanted[path]),
+            _DEAD_COLUMNS)) for path, checked in found.items()}
         return letters, None in found.values()
 
     def finish(self) -> bool:
