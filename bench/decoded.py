@@ -72,6 +72,9 @@ def from_decoded(settings: Any, service: Any, raw: Any, warm: Any | None, workdi
     wall, replay_s = ours["wall_s"], ours["replay_s"]
     spare = warm_replay(settings, warm, workdir, topic, f"{version}s", peer_table, theirs,
                         produced, ours) if warm is not None else None
+    if spare is not None:  # the goal: start excluded, on a warm spare
+        spare["kappa_without_start_over_raw_all_cores"] = round(
+            spare["kappa_records_per_s_without_start"] / raw_all, 4)
     return {
         "decode_s": round(decode_s, 2),
         "decode_records_per_s": round(produced / decode_s),

@@ -32,7 +32,9 @@ def warm_replay(settings: Any, service: Any, workdir: Path, topic: str, version:
     return {
         "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
         "deploy_to_caught_up_s": round(wall, 2),
+        "spark_up_to_caught_up_s": round(ours["replay_s"], 2),  # adoption excluded
         "kappa_records_per_s_with_start": round(produced / wall),
+        "kappa_records_per_s_without_start": round(produced / ours["replay_s"]),
         "peer_over_kappa_with_start": round(theirs["seconds"] / wall, 4),
         "first_batch_cold_over_warm": round(cold["first_batch_s"] / ours["first_batch_s"], 2),
         "caught_up_cold_over_warm": round(cold["wall_s"] / wall, 2),
