@@ -32,6 +32,7 @@ def warm_replay(settings: Any, service: Any, workdir: Path, topic: str, version:
     return {
         "deploy_to_first_batch_s": round(ours["first_batch_s"], 2),
         "deploy_to_caught_up_s": round(wall, 2),
+        "deploy_to_wait_returned_s": round(ours["waited_s"], 2),
         "spark_up_to_caught_up_s": round(ours["replay_s"], 2),  # adoption excluded
         "kappa_records_per_s_with_start": round(produced / wall),
         "kappa_records_per_s_without_start": round(produced / ours["replay_s"]),

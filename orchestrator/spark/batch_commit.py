@@ -140,12 +140,12 @@ class BatchCommit:
         seconds = time.monotonic() - began
         log.info("batch %d: %d offsets (%s from the archive), %s staged, %d output rows "
                  "changed, %d dead letters, %d offsets without a record, applied=%s, %.2fs "
-                 "(%.0f records/s; read plan %.2fs, Spark %.2fs, commit %.2fs)", batch_id,
+                 "(%.0f records/s; read plan %.2fs%s, Spark %.2fs, commit %.2fs)", batch_id,
                  result.records,
                  "?" if result.archived_offsets is None else result.archived_offsets, staged,
                  result.output_rows, result.dead_letters, result.gap_offsets, result.applied,
                  seconds, result.records / seconds if seconds else 0.0, planned - began,
-                 ran - planned, time.monotonic() - ran)
+                 _phases(self.reads), ran - planned, time.monotonic() - ran)
 
     def _stage(self, df: Any) -> str:
         """Transform ``df`` and have the executors COPY its rows into the stage table, under a
@@ -213,3 +213,10 @@ class BatchCommit:
                 .format(psycopg.sql.Identifier(self.settings.catalog_schema)),
                 (self.version.id, batch_id)).fetchone()
         return row is not None
+
+
+def _phases(reads: SinkReads | None) -> str:
+    """The sink's read plan by phase, where the sink read the batch."""
+    if reads is None:
+        return ""
+    return " (" + ", ".join(f"{k} {v:.2f}s" for k, v in reads.phases.items()) + ")"

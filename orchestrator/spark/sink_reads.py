@@ -66,6 +66,7 @@ class SinkReads:
         # {topic: (when, segments, decoded)}: segments never change once recorded, so what
         # was read stays true; asked again after _RECHECK_S for what was added since.
         self._seen: dict[str, tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]]] = {}
+        self.phases: dict[str, float] = {}  # the last batch's read plan, seconds by phase
 
     def events(self, df: Any, start: Offsets, end: Offsets) -> Any:
         """The batch [start, end) as the streaming source's ``df`` would hold it."""
@@ -75,8 +76,10 @@ class SinkReads:
 
         spark = df.sparkSession
         self._frames, self._columns = [], list(df.columns)
+        self.phases = {"catalog": 0.0, "broker": 0.0, "spark": 0.0}
         for topic, options in self.options.items():
             tasks = self._tasks(topic, options, start, end)
+            began = time.monotonic()
             by_jvm = [t for t in tasks if t.decoded_only]
             rest = [t for t in tasks if not t.decoded_only]
             # The topic's own columns, as its streaming source declares them.
@@ -85,6 +88,7 @@ class SinkReads:
                 self._frames.append(self._decoded(spark, schema, options, by_jvm))
             if rest:
                 self._frames.append(_ranges_frame(spark, schema, options, rest))
+            self.phases["spark"] += time.monotonic() - began
         return self.again() if self._frames else df
 
     def again(self) -> Any:
@@ -105,6 +109,7 @@ class SinkReads:
         if not total:
             return []
         seen = self._seen.get(topic)
+        began = time.monotonic()
         if seen is None or time.monotonic() - seen[0] > _RECHECK_S:
             held = archived_segments(self.catalog_schema, options.get("log_identity"), topic,
                                      options["archive_root"])
@@ -114,7 +119,10 @@ class SinkReads:
         _, archived, decoded = seen
         self._gaps.update({s.path: s.gap_offsets for segments in archived.values()
                            for s in segments if s.gap_offsets})
+        asked = time.monotonic()
         broker = self._broker_starts(topic) if archived else {}
+        self.phases["catalog"] += asked - began
+        self.phases["broker"] += time.monotonic() - asked
         return read_tasks(mine_start, mine_end, chunk_size(total, self.cores,
                                                            self.chunk_records),
                           archived, decoded, broker)

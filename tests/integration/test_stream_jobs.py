@@ -72,7 +72,7 @@ def _processed(service: Any, job: str, version: str) -> tuple[Any, int]:
 
 # Enough for each small-batch replay to span 3 to 15 batches, so that its kill lands
 # mid-replay; more records add CPU time, not cases.
-PAGEVIEWS, PROFILES = 100_000, 20_000
+PAGEVIEWS, PROFILES = 70_000, 14_000
 
 
 def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
@@ -81,7 +81,7 @@ def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
     from orchestrator.service import Orchestrator
 
     big = Orchestrator(settings)  # catch-up batches of up to 500,000 records
-    small = Orchestrator(replace(settings, max_batch_records=7_000, chunk_records=4_000))
+    small = Orchestrator(replace(settings, max_batch_records=5_000, chunk_records=3_000))
     tag = uuid.uuid4().hex[:8]
     topics = {"pageviews": f"pageviews_{tag}", "profiles": f"profiles_{tag}"}
     # 500 users: each small batch touches every user's state, and per-user Python state
