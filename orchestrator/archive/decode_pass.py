@@ -233,7 +233,14 @@ def read_or_rebuild(connect: Callable[[], psycopg.Connection], schema: str, stor
     try:
         return read_decoded(store, path, checksum, columns)
     except ArchiveError:
-        pass
+        return rebuild_unless_mended(connect, schema, store, path, checksum, columns)
+
+
+def rebuild_unless_mended(connect: Callable[[], psycopg.Connection], schema: str,
+                          store: ParquetStore, path: str, checksum: str,
+                          columns: Sequence[str]) -> pa.Table:
+    """``read_or_rebuild`` for a file already found missing or bad: under the segment's lock,
+    read it again (another reader may have rebuilt it meanwhile), else rebuild it."""
     conn = connect()
     key = f"kappa-rebuild/{path}"
     conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))

@@ -195,7 +195,7 @@ class SinkReads:
         """{decoded path: its dead letters} once each file is checked, on every core, and
         whether one was rebuilt from its raw segment (missing or bad: one line names it).
         A batch's memory grows with its dead letters, not its records."""
-        from orchestrator.archive.decode_pass import read_decoded, read_or_rebuild
+        from orchestrator.archive.decode_pass import read_decoded, rebuild_unless_mended
         from orchestrator.archive.parquet_store import ParquetStore
         from orchestrator.spark.writer import connection
 
@@ -213,7 +213,7 @@ class SinkReads:
 
         with ThreadPoolExecutor(max_workers=self.cores) as pool:
             found = dict(zip(wanted, pool.map(check, wanted), strict=True))
-        letters = {path: checked if checked is not None else dead(read_or_rebuild(
+        letters = {path: checked if checked is not None else dead(rebuild_unless_mended(
             connection, self.catalog_schema, store, str(path), str(wanted[path]),
             _DEAD_COLUMNS)) for path, checked in found.items()}
         return letters, None in found.values()

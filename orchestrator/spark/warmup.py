@@ -107,7 +107,6 @@ def warm_up(spark: Any, parquet: bool = False) -> None:
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-
 def _read_parquet(spark: Any, directory: str) -> None:
     """A filtered Parquet scan and aggregation, as a sink reads decoded segments: the
     vectorized reader's classes load now, not in the first batch."""
