@@ -30,7 +30,7 @@ def verify(catalog: CatalogAccess, topics: Sequence[str] = ()) -> Any:
     """Read every segment back against its checksum, and against the log where the broker
     still holds it; an ArchiveError names the first segment that differs."""
     from orchestrator.archive.archiver import Archiver
-    from orchestrator.archive.archiver import verify as verify_segments
+    from orchestrator.archive.verify import verify as verify_segments
 
     with catalog.connection() as conn:
         return verify_segments(Archiver(catalog.settings, conn,

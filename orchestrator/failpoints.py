@@ -48,6 +48,8 @@ POINTS = (
     "switch.measure_lag",  # a switch asks the broker for a version's lag ("unreachable": no answer)
     "archive.before_rename",  # a segment is written and synced under its temporary name
     "archive.before_record",  # a segment is in place; the manifest does not hold it yet
+    "archive.topic",  # a continuous archive pass is about to write one topic's partitions
+    "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends
 )
 
 

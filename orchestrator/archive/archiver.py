@@ -14,12 +14,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import cast
 
 import psycopg
 
-from orchestrator.archive.decode_pass import decode_pending, verify_decoded
+from orchestrator.archive.decode_pass import decode_pending
 from orchestrator.archive.decoding import DecodedSegment
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
@@ -32,9 +32,7 @@ from orchestrator.archive.segments import (
     Segment,
     check_contiguous,
     checksum,
-    first_difference,
     gap_offsets,
-    matches_manifest,
     next_offset,
     segment_path,
 )
@@ -51,6 +49,12 @@ from orchestrator.log_identity import LogIdentity
 from orchestrator.settings import Settings
 
 log = logging.getLogger("kappa.archive")
+
+
+def _is_outage(exc: BaseException) -> bool:
+    from orchestrator.spark.failures import is_outage
+
+    return is_outage(exc)
 
 
 def read_archived(kafka: Kafka, topic: str, partition: int, first: int, end: int,
@@ -72,10 +76,13 @@ class Archiver:
 
     def archive(self, topics: Sequence[str],
                 on_segment: Callable[[Segment], None] = lambda _: None, *,
-                skip_missing: bool = False) -> list[Segment]:
+                skip_missing: bool = False, isolate_topics: bool = False) -> list[Segment]:
         """One pass: every partition of ``topics`` up to the log end found now. A topic the
         broker does not have stops the pass, unless ``skip_missing`` (topics that jobs declare
-        but nobody has created yet)."""
+        but nobody has created yet). With ``isolate_topics`` (a continuous archiver), one
+        topic's error stops that topic's pass only: it is logged, kept in ``failed`` and tried
+        again on the next pass, while an outage still stops the pass."""
+        self.failed: dict[str, str] = {}
         identity = log_identity(self.kafka, topics)
         if not identity.cluster_id:
             raise ArchiveError(f"the broker at {self.kafka} reports no cluster id, so no lineage "
@@ -85,10 +92,11 @@ class Archiver:
                 raise ArchiveError(f"topic {topic} does not exist on {self.kafka}: create it, or "
                                    "leave it out of `kappa archive run`")
         present = [t for t in topics if identity.topics.get(t) is not None]
-        bounds = ({} if not present else self.log_clients.bounds(present) if self.log_clients
-                  else log_bounds(self.kafka, present))
+        bounds = self._bounds(present, isolate_topics)
         watched: dict[str, WatchedLog] = {}
         for topic in present:
+            if topic in self.failed:
+                continue
             topic_id = identity.topics[topic]
             assert topic_id is not None
             seen = Lineage(identity.cluster_id, topic, topic_id)
@@ -106,11 +114,46 @@ class Archiver:
             self.watch.watch(watched)
         written: list[Segment] = []
         for topic, logged in watched.items():
-            for (name, partition), (start, end) in sorted(bounds.items()):
-                if name == topic:
-                    written += self._partition(logged.root, logged.seen, partition, start, end,
-                                               on_segment)
+            try:
+                fail_point("archive.topic")
+                for (name, partition), (start, end) in sorted(bounds.items()):
+                    if name == topic:
+                        written += self._partition(logged.root, logged.seen, partition, start,
+                                                   end, on_segment)
+            except Exception as exc:
+                if not isolate_topics or _is_outage(exc):
+                    raise
+                self._topic_failed(topic, exc)
         return written
+
+    def _bounds(self, topics: list[str], isolate_topics: bool
+                ) -> dict[tuple[str, int], tuple[int, int]]:
+        """The log bounds of ``topics``, in one call; when isolating, a call that fails is made
+        again topic by topic, and a topic whose bounds fail is left out of this pass."""
+        try:
+            return self._bounds_of(topics) if topics else {}
+        except Exception as exc:
+            if not isolate_topics or _is_outage(exc):
+                raise
+        found: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic in topics:
+            try:
+                found.update(self._bounds_of([topic]))
+            except Exception as exc:
+                if _is_outage(exc):
+                    raise
+                self._topic_failed(topic, exc)
+        return found
+
+    def _bounds_of(self, topics: list[str]) -> dict[tuple[str, int], tuple[int, int]]:
+        return self.log_clients.bounds(topics) if self.log_clients else log_bounds(self.kafka,
+                                                                                   topics)
+
+    def _topic_failed(self, topic: str, exc: Exception) -> None:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        self.failed[topic] = reason
+        log.warning("%s: this pass stopped for this topic only (%s); the other topics are "
+                    "archived, and it is tried again on the next pass", topic, reason)
 
     def _partition(self, lineage: Lineage, seen: Lineage, partition: int, log_start: int,
                    log_end: int, on_segment: Callable[[Segment], None]) -> list[Segment]:
@@ -287,7 +330,8 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                             "no deployed job reads a topic yet: name the topics "
                             "(`kappa archive run TOPIC ...`) or deploy a job first")
                     archiver = Archiver(settings, conn, kafka, clients, watch)
-                    written += len(archiver.archive(topics, on_segment, skip_missing=not named))
+                    written += len(archiver.archive(topics, on_segment, skip_missing=not named,
+                                                    isolate_topics=not once))
                     if settings.decoded_segments:
                         _decode(conn, settings, archiver.store, topics, on_decoded, once=once)
             except Exception as exc:
@@ -313,50 +357,3 @@ def _decode(conn: psycopg.Connection, settings: Settings, store: ParquetStore,
         if once:
             raise
         log.warning("decoding stopped: %s; replays parse the raw segments meanwhile", exc)
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    segments: int  # files read back and checked against their manifest checksum
-    compared: int  # of those, compared record by record with the log the broker still holds
-    records: int  # records compared with the log
-    decoded: int = 0  # decoded segments checked against their checksum
-    rebuilt: tuple[str, ...] = ()  # of those, the missing or bad ones, rebuilt
-
-
-def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
-    """Read every segment back; its checksum must be the manifest's, and where the broker
-    still holds its range (same lineage), its records must be the log's, field by field."""
-    with archiver.conn.transaction():
-        segments = [s for s in manifest.segments(archiver.conn, archiver.schema)
-                    if not topics or s.lineage.topic in topics]
-    names = sorted({s.lineage.topic for s in segments})
-    identity = log_identity(archiver.kafka, names) if names else None
-    bounds = log_bounds(archiver.kafka, names) if names else {}
-    current = current_lineages(archiver.conn, archiver.schema, identity)
-    compared = records = 0
-    for s in segments:
-        archived = archiver.store.read(s.path)
-        if not matches_manifest(s, archived):
-            raise ArchiveError(
-                f"segment {archiver.store.location(s.path)} differs from the manifest (its "
-                "checksum or record count): it changed after it was written; restore it from a "
-                "backup, or remove its manifest row and the rows after it to archive the range "
-                "again while the broker still holds it")
-        held = bounds.get((s.lineage.topic, s.partition))
-        same_log = current.get(s.lineage.topic) == f"{s.lineage.cluster_id}-{s.lineage.topic_id}"
-        if not same_log or held is None or not (held[0] <= s.first_offset
-                                                and s.end_offset <= held[1]):
-            continue
-        from_log = read_archived(archiver.kafka, s.lineage.topic, s.partition, s.first_offset,
-                                 s.end_offset, archiver.group_id)
-        if from_log != archived:
-            first = first_difference(archived, from_log, min(len(archived), len(from_log)))
-            raise ArchiveError(
-                f"segment {archiver.store.location(s.path)} differs from the log at or near "
-                f"offset {first}: the log was rewritten under the same topic id, or the "
-                "segment was written wrong; do not restore it, and report it")
-        compared += 1
-        records += len(archived)
-    decoded, rebuilt = verify_decoded(archiver.conn, archiver.schema, archiver.store, topics)
-    return VerifyReport(len(segments), compared, records, decoded, tuple(rebuilt))

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.dev.ack_ledger import AckLedger
+from orchestrator.failpoints import fail_point
 from orchestrator.kafka import wire
 
 HOST = "127.0.0.1"
@@ -55,13 +56,17 @@ class _Group:
             await self._wake.wait()
             self._wake.clear()
             waiters, self._waiters = self._waiters, []
-            lines, snapshot = self.ledger.take()
             try:
+                lines, snapshot = self.ledger.take()
+                fail_point("ack_proxy.ledger_write")
                 await loop.run_in_executor(None, self.ledger.write, lines, snapshot)
-            except OSError as exc:
-                # Nothing is acknowledged that is not noted: the producers' connections close.
+            except Exception as exc:
+                # Nothing is acknowledged that is not noted: the producers' connections close,
+                # and they retry. Any error, not only the disk's: this loop ending would leave
+                # every later Produce unanswered while the proxy still looked alive.
                 for waiter in waiters:
-                    waiter.set_exception(exc)
+                    if not waiter.done():
+                        waiter.set_exception(exc)
                 log.error("the ack ledger %s cannot be written: %s", self.ledger.path, exc)
                 continue
             for waiter in waiters:
@@ -170,7 +175,12 @@ async def serve(listen_port: int, broker_port: int, ledger_path: Path) -> None:
         loop.add_signal_handler(sig, stopping.set)
     flusher = asyncio.create_task(group.run())
     async with server:
-        await stopping.wait()
+        # A sync loop that ended anyway ends the proxy: `kappa dev status` then shows it gone,
+        # rather than a proxy that holds every Produce for ever.
+        await asyncio.wait((asyncio.create_task(stopping.wait()), flusher),
+                           return_when=asyncio.FIRST_COMPLETED)
+    if flusher.done():
+        raise RuntimeError(f"the ack ledger's sync loop ended: {flusher.exception()!r}")
     flusher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await flusher

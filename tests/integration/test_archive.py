@@ -283,3 +283,46 @@ def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(setting
         from_log = [r for batch in read_range(settings.kafka, name, partition, start, end,
                                               group, timestamp_types=True) for r in batch]
         assert archived == from_log
+
+
+def test_one_topics_error_stops_only_that_topic_and_the_archiver_runs_on(settings, topic: str
+                                                                         ) -> None:
+    """A continuous `kappa archive run` whose pass fails on one topic (the fail point
+    `archive.topic`, where a topic deleted or recreated mid-pass, or a damaged segment, raises)
+    archives the other topic in the same pass, names the failed one in one line, and archives
+    it on its next pass. It used to exit for good, and the embedded stack's archiver with it
+    (#47, path 3)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.kafka.offsets import log_bounds
+    from orchestrator.service import Orchestrator
+
+    second = f"{topic}_b"
+    service = Orchestrator(settings)
+    for name, seed in ((topic, 140), (second, 141)):
+        service.produce_sample(name, 1_000, seed=seed)
+    assert service.archive_status([topic])  # the catalog, with its manifest, exists now
+    ends = {name: sum(end for (_, _), (_, end) in log_bounds(settings.kafka, [name]).items())
+            for name in (topic, second)}
+    env = dict(os.environ, **settings.driver_environment(),
+               KAPPA_FAIL_POINTS="archive.topic=1*raise")
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.2", topic, second],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def archived(name: str) -> bool:
+            held = sum(s.end_offset - s.first_offset for s in _manifest(settings, name))
+            return held >= ends[name]
+
+        wait_until(lambda: (archived(topic) and archived(second)) or proc.poll() is not None,
+                   120, "both topics to be archived")
+        assert proc.poll() is None, f"the archiver exited: {proc.stderr.read()}"  # type: ignore
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    failed = [line for line in err.splitlines() if "stopped for this topic only" in line]
+    assert len(failed) == 1 and topic in failed[0] and "fail point" in failed[0], err

@@ -166,3 +166,32 @@ def test_a_long_ledger_is_rewritten_as_its_ends(tmp_path: Path,
 def test_ledgers_merge_to_the_highest_end() -> None:
     assert merge({"t": {0: 5, 1: 9}}, {"t": {0: 7}, "u": {2: 1}}) == {
         "t": {0: 7, 1: 9}, "u": {2: 1}}
+
+
+def test_a_group_whose_sync_raises_fails_its_waiters_and_syncs_the_next_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#47, path 6: a ledger error other than OSError (here the fail point's) ended the sync
+    loop, and every later Produce waited for ever while the proxy looked alive. Now the waiters
+    of the failed sync get its error (their producers reconnect and retry), and the next
+    acknowledgement is synced and answered."""
+    import asyncio
+
+    from orchestrator.dev.ack_proxy import _Group
+    from orchestrator.failpoints import FailPointError
+
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "ack_proxy.ledger_write=1*raise")
+    ledger = AckLedger(tmp_path / "broker-acks")
+
+    async def two_acknowledgements() -> None:
+        group = _Group(ledger)
+        syncing = asyncio.create_task(group.run())
+        ledger.note("t", 0, 5)
+        with pytest.raises(FailPointError):
+            await asyncio.wait_for(group.durable(), 5)
+        ledger.note("t", 0, 9)
+        await asyncio.wait_for(group.durable(), 5)  # raised TimeoutError: nobody synced it
+        syncing.cancel()
+
+    asyncio.run(two_acknowledgements())
+    ledger.close()
+    assert read_ledger(tmp_path / "broker-acks") == {"t": {0: 9}}
