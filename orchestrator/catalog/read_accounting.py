@@ -106,3 +106,13 @@ def move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema
         "AND s.\"offset\" < r.hi").format(stage=stage, values=values),
         [*params, version.id])
     return moved
+
+
+def clear_staged_reads(conn: psycopg.Connection, catalog_schema: str, version_id: int) -> int:
+    """Remove every dead letter and read count the version's read tasks staged (those of a
+    batch whose plan was forgotten: its offsets will hold other records); how many."""
+    cleared = 0
+    for table in ("dead_letter_stage", "read_stage"):
+        cleared += conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s").format(
+            qualified(catalog_schema, table)), [version_id]).rowcount
+    return cleared

@@ -10,6 +10,7 @@ import psycopg
 from orchestrator.archive.readable import log_bounds_with_archive
 from orchestrator.catalog import runs
 from orchestrator.catalog.batches import next_batch_id
+from orchestrator.catalog.read_accounting import clear_staged_reads
 from orchestrator.kafka.admin import log_identity
 from orchestrator.kafka.offsets import Bounds, log_bounds
 from orchestrator.kafka_endpoint import Kafka
@@ -63,15 +64,18 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
     mismatches = log_mismatches(processed or start, bounds)
     if mismatches:
         raise JobError(log_changed_reason(mismatches, v.job, v.version))
-    _forget_a_plan_past_the_log_end(checkpoint, bounds)
+    _forget_a_plan_past_the_log_end(conn, schema, v.id, checkpoint, bounds)
     return start
 
 
-def _forget_a_plan_past_the_log_end(checkpoint: Checkpoint, bounds: Bounds) -> None:
+def _forget_a_plan_past_the_log_end(conn: psycopg.Connection, schema: str, version_id: int,
+                                    checkpoint: Checkpoint, bounds: Bounds) -> None:
     """A batch planned up to an end that the log no longer reaches (a broker that died with
     records the archive did not hold yet, restored shorter) would wait for ever for offsets
     that may never be written. Nothing of it was applied (the catalog's offsets are within the
-    log), so its plan goes, and Spark plans it again up to the log's end."""
+    log), so its plan goes, and Spark plans it again up to the log's end. What its read tasks
+    staged goes too: new records will stand at those offsets, and a stale dead letter or
+    count must not be committed against them."""
     plan = checkpoint.unfinished_plan()
     if plan is None:
         return
@@ -83,4 +87,9 @@ def _forget_a_plan_past_the_log_end(checkpoint: Checkpoint, bounds: Bounds) -> N
         log.warning("batch %d was planned past the log end (%s: planned end, log end); it is "
                     "planned again from where the batch before it ended", unfinished,
                     ", ".join(f"{tp} {a}>{b}" for tp, (a, b) in sorted(past.items())))
+        with conn.transaction():
+            cleared = clear_staged_reads(conn, schema, version_id)
         checkpoint.forget_batch(unfinished)
+        if cleared:
+            log.warning("cleared %d dead letters and read counts that batch %d had staged",
+                        cleared, unfinished)

@@ -132,11 +132,7 @@ class KafkaLogSource(DataSource):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
         self.options = options
-        # The secrets are no options: executors read them from their environment.
-        secrets = json.loads(os.environ.get(SECRETS_VARIABLE) or "{}")
-        self.kafka = KafkaEndpoint.from_options(json.loads(options["kafka"]),
-                                                os.environ.get(PASSWORD_VARIABLE),
-                                                tuple(sorted(secrets.items())))
+        self._kafka: KafkaEndpoint | None = None
         self.topic = options["topic"]
         self.group_id = options["group_id"]
         self.chunk_records = int(options["chunk_records"])
@@ -149,6 +145,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_bounds: dict[tuple[str, int], tuple[int, int]] = {}
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
+
+    @property
+    def kafka(self) -> KafkaEndpoint:
+        """The endpoint with its secrets, which are no options: each process, driver or
+        executor, reads them from its own environment."""
+        if self._kafka is None:
+            secrets = json.loads(os.environ.get(SECRETS_VARIABLE) or "{}")
+            self._kafka = KafkaEndpoint.from_options(json.loads(self.options["kafka"]),
+                                                     os.environ.get(PASSWORD_VARIABLE),
+                                                     tuple(sorted(secrets.items())))
+        return self._kafka
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pyspark pickles the reader into every read task: never the secrets, nor the probe.
+        return {**self.__dict__, "_kafka": None, "_probe": None}
 
     # Driver side -------------------------------------------------------------------------
     def _bounds(self) -> dict[tuple[str, int], tuple[int, int]]:

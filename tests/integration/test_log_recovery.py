@@ -141,3 +141,38 @@ def test_a_lost_checkpoint_resumes_from_the_catalog_and_a_stream_job_is_refused(
                                "r.version_id WHERE v.job = 'user_profiles'") == [("stopped",)]
     finally:
         stop_drivers(service)
+
+
+def test_a_plan_forgotten_past_the_log_end_leaves_nothing_staged(settings, topic: str,
+                                                                   tmp_path: Path) -> None:
+    """#47, path 4: a batch planned to offset 150 whose log came back from a restore ending at
+    100 is forgotten, and Spark plans it again. What its read tasks had staged (a dead letter at
+    offset 120, the count of [100, 150)) stood for records that are gone; new records will stand
+    at those offsets, and the next batch's commit moves whatever is staged within its offsets
+    (read_accounting.move_dead_letters). It must find nothing stale there."""
+    from orchestrator.catalog.db import connect
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark.checkpoint import Checkpoint
+    from orchestrator.spark.resume import _forget_a_plan_past_the_log_end
+
+    Orchestrator(settings).archive_status([topic])  # the catalog exists now
+    version_id, schema = 987_654, settings.catalog_schema
+    offsets = tmp_path / "checkpoint" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text(f'v1\n{{}}\n{{"{topic}": {{"0": 150}}}}\n')
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{schema}".dead_letter_stage (version_id, topic, partition, '
+                     '"offset", error) VALUES (%s, %s, 0, 120, %s)',
+                     (version_id, topic, "stale: the record at 120 before the crash"))
+        conn.execute(f'INSERT INTO "{schema}".read_stage (version_id, topic, partition, '
+                     'range_start, range_end, records) VALUES (%s, %s, 0, 100, 150, 49)',
+                     (version_id, topic))
+        checkpoint = Checkpoint(str(tmp_path / "checkpoint"))
+        assert checkpoint.unfinished_plan() == (0, {topic: {"0": 150}})
+        _forget_a_plan_past_the_log_end(conn, schema, version_id, checkpoint,
+                                        {(topic, 0): (0, 100)})
+        assert checkpoint.unfinished_plan() is None
+        staged = [conn.execute(f'SELECT count(*) FROM "{schema}".{table} WHERE version_id = %s',
+                               (version_id,)).fetchone()[0]
+                  for table in ("dead_letter_stage", "read_stage")]
+    assert staged == [0, 0]

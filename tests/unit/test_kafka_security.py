@@ -110,3 +110,31 @@ def test_airflow_kafka_connection_carries_security() -> None:
     s = replace(s, **changes)
     assert "conn-pw" not in str(public_settings(s))
     assert s.kafka.password == "conn-pw"
+
+
+def test_a_read_task_pickled_for_the_executors_carries_no_secret(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """#47, path 7: pyspark pickles the stream reader into every read task. The reader held the
+    endpoint with its SASL password, so the password travelled in each task and sat in Spark's
+    task files, against kafka_endpoint.py's promise. The executor builds it again from its own
+    environment."""
+    import json
+
+    from pyspark import cloudpickle  # what pyspark pickles read tasks with
+
+    from orchestrator.kafka_endpoint import SECRETS_VARIABLE
+    from orchestrator.spark.source import KafkaStreamReader
+
+    password, key_secret = "pw-3f9c1e7a", "key-pw-8d2b6c40"
+    monkeypatch.setenv(PASSWORD_VARIABLE, password)
+    monkeypatch.setenv(SECRETS_VARIABLE, json.dumps({"ssl.key.password": key_secret}))
+    endpoint = KafkaEndpoint("b:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+                             sasl_username="u", password=password)
+    reader = KafkaStreamReader({
+        "kafka": json.dumps(endpoint.public_options()), "topic": "t", "group_id": "g",
+        "chunk_records": "10", "max_batch_records": "10"})
+    assert reader.kafka.password == password  # the driver's reader has it
+    pickled = cloudpickle.dumps(reader)
+    assert password.encode() not in pickled and key_secret.encode() not in pickled
+    executor_side = cloudpickle.loads(pickled)
+    assert executor_side.kafka == reader.kafka  # rebuilt from this process's environment
