@@ -66,14 +66,13 @@ def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, modul
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
         daemon = _start_daemon(socket_path, module=module)
-        assert 0 < _port(daemon) < 65536  # written by the forked daemon into the starter's stdout
+        port = _port(daemon)
+        assert 0 < port < 65536  # written by the forked daemon into the starter's stdout
         (forked,) = psutil.Process(zygote.pid).children()
         assert "orchestrator.spark.zygote" in " ".join(forked.cmdline())
         assert psutil.Process(daemon.pid).children() == []  # the starter only waits
-        # The starter exits with the daemon's own status: the one it has when started alone.
-        plain = _start_daemon(socket_path + ".none", module=module)
-        _port(plain)
-        assert _close(daemon) == _close(plain)
+        assert not _listens(daemon.pid, port)  # the forked child does
+        assert _close(daemon) == 1  # its stdin closed: 1, as when started alone
         wait_until(lambda: not psutil.Process(zygote.pid).children(), 30, "the child to end")
     finally:
         zygote.terminate()
@@ -82,9 +81,40 @@ def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, modul
 
 def test_without_a_zygote_the_daemon_starts_as_before(socket_path: str) -> None:
     daemon = _start_daemon(socket_path)  # nothing listens there
-    assert 0 < _port(daemon) < 65536
-    assert psutil.Process(daemon.pid).name().startswith("python")
-    _close(daemon)
+    port = _port(daemon)
+    assert 0 < port < 65536
+    assert _listens(daemon.pid, port)  # the started process serves, as Spark's own would
+    assert _close(daemon) == 1  # pyspark's daemon shuts down with 1 when its stdin closes
+
+
+def test_the_starter_exits_with_the_status_of_the_process_run_for_it(socket_path: str) -> None:
+    """The streaming source's runner, started with no JVM to answer it, fails (status 1): run
+    by the zygote (its traceback comes from the zygote's child), its starter exits with that
+    status, as the runner started alone does."""
+    from orchestrator.spark.zygote_client import RUNNER
+
+    zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
+                              stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
+    try:
+        wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
+        ran = {}
+        for path in (socket_path, socket_path + ".none"):
+            env = {**os.environ, SOCKET_VARIABLE: path, HASH_SEED_VARIABLE: "0",
+                   "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(
+                       [WORKER_SITE, os.environ.get("PYTHONPATH", "")])}
+            done = subprocess.run([sys.executable, "-m", RUNNER, "pyspark.worker"], env=env,
+                                  check=False, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=60)
+            ran[path] = (done.returncode, "orchestrator/spark/zygote.py" in done.stderr)
+        assert ran == {socket_path: (1, True), socket_path + ".none": (1, False)}
+    finally:
+        zygote.terminate()
+        zygote.wait(30)
+
+
+def _listens(pid: int, port: int) -> bool:
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+               for c in psutil.Process(pid).net_connections(kind="tcp"))
 
 
 def test_a_process_asking_for_another_hash_seed_starts_on_its_own(socket_path: str) -> None:
