@@ -19,7 +19,8 @@ RULES, RULE_TESTS = DASHBOARDS / "kappa-alerts.yml", DASHBOARDS / "kappa-alerts.
 # What each rule is about: the suite must keep one rule for each.
 EXPECTED = {"KappaVersionStalled", "KappaVersionFallingBehind", "KappaLogGone",
             "KappaVersionFailed", "KappaDriverHeartbeatOld", "KappaExporterStale",
-            "KappaDeadLetterSpike", "KappaCutoverHalfway", "KappaArchiveRetentionRisk"}
+            "KappaDeadLetterSpike", "KappaCutoverHalfway", "KappaArchiveRetentionRisk",
+            "KappaArchiveBehind"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +64,7 @@ def test_the_rules_use_only_series_and_labels_the_exporter_exports() -> None:
     status = VersionStatus("pageview_counts", "v2", RunState.REPLAYING, 1, None, "o", "d", 5, 1,
                            {}, 60, 1.0, None, 1, None, None)
     alias = AliasState("pageview_counts", "pageview_counts", "v1", "v2", 10, 3)
-    archived = PartitionArchive("pageviews", 0, "c-t", True, 0, 90, 1, 88, 2, 4096, 0, 100)
+    archived = PartitionArchive("pageviews", 0, "c-t", True, 0, 90, 1, 88, 2, 4096, 0, 100, 4.0)
     sampler = Sampler(take=lambda: Snapshot((lag,), (status,), time.time(), (alias,),
                                             (archived,)))
     sampler.refresh()
