@@ -49,6 +49,7 @@ POINTS = (
     "archive.before_rename",  # a segment is written and synced under its temporary name
     "archive.before_record",  # a segment is in place; the manifest does not hold it yet
     "archive.topic",  # a continuous archive pass is about to write one topic's partitions
+    "restore.start",  # `kappa dev up` (or `kappa archive restore`) is about to restore
     "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends
 )
 

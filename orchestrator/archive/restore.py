@@ -33,6 +33,7 @@ from orchestrator.archive.segments import (
 )
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import events, runs, versions
+from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import delete_topic, ensure_topic, log_identity
 from orchestrator.kafka.exact_producer import ExactProducer
 from orchestrator.kafka.offsets import log_bounds
@@ -106,6 +107,7 @@ class Restorer:
         """Every archived topic the broker does not hold (or ``topics``), newest lineage.
         ``acknowledged``: the ends the lost broker acknowledged (the stack's ack ledger)."""
         acknowledged = acknowledged or {}
+        fail_point("restore.start")
         with self.conn.transaction():
             known = manifest.known_logs(self.conn, self.schema)
         newest = {k.identity.topic: k for k in known if not topics or k.identity.topic in topics}

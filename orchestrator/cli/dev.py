@@ -71,17 +71,21 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
 
 
 def restore_into(settings: Settings, as_json: bool, reports: list[Any] | None = None
-                 ) -> Callable[[str, str, Any], None]:
+                 ) -> Callable[[str, str, Any, str | None], None]:
     """What `kappa dev up` runs once the broker is up: the archived topics it lost are
     written back before the archiver starts, and what the lost broker acknowledged past the
     archive is named (the report goes to ``reports``)."""
-    def restore(pg_dsn: str, bootstrap: str, acknowledged: Any) -> None:
+    def restore(pg_dsn: str, bootstrap: str, acknowledged: Any, client_id: str | None) -> None:
         from dataclasses import replace
 
         from orchestrator.cli.archive import print_restore
         from orchestrator.service import Orchestrator
 
-        report = Orchestrator(replace(settings, pg_dsn=pg_dsn, kafka_bootstrap=bootstrap)
+        # The client id the stack's proxy lets through while it holds other clients off.
+        properties = (*settings.kafka_properties, *([("client.id", client_id)] if client_id
+                                                   else []))
+        report = Orchestrator(replace(settings, pg_dsn=pg_dsn, kafka_bootstrap=bootstrap,
+                                      kafka_properties=properties)
                               ).archive_restore(acknowledged=acknowledged)
         if not as_json:
             print_restore(report, quiet_if_nothing=True)

@@ -6,9 +6,10 @@ durable in the ack ledger (ack_ledger.py). Acknowledgements that arrive together
 together, so the wait is one fsync per group, not per batch. A DeleteTopics response forgets
 the ends of the topics it names (a topic of that name starts again at offset 0).
 
-Run as ``python -m orchestrator.dev.ack_proxy LISTEN_PORT BROKER_PORT LEDGER``; `kappa dev up`
-starts it. When the broker goes, its connections close and so do the clients'; new ones are
-taken and closed until it is back.
+Run as ``python -m orchestrator.dev.ack_proxy LISTEN_PORT BROKER_PORT LEDGER [HELD]``; `kappa
+dev up` starts it. While the file HELD names a client id, only connections whose first request
+carries it are passed on: a restore runs (held_clients.py). When the broker goes, its
+connections close and so do the clients'; new ones are taken and closed until it is back.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.dev.ack_ledger import AckLedger
+from orchestrator.dev.held_clients import held_client_id
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka import wire
 
@@ -86,9 +88,10 @@ class _Connection:
         self.produces: dict[int, tuple[int, dict[tuple[str, int], int]]] = {}
         self.deletes: dict[int, list[str]] = {}
 
-    async def requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter) -> None:
+    async def requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
+                       first: bytes | None = None) -> None:
         while True:
-            message = await _frame(client)
+            message, first = (first, None) if first is not None else (await _frame(client), None)
             api_key = _API_KEY.unpack_from(message)[0]
             if api_key == wire.PRODUCE:
                 header, acks, counts = wire.produce_counts(message)
@@ -122,7 +125,20 @@ class _Connection:
 
 
 async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
-                 broker_port: int, group: _Group) -> None:
+                 broker_port: int, group: _Group, held: Path | None = None) -> None:
+    first = None
+    allowed = held_client_id(held) if held is not None else None
+    if allowed is not None:
+        # A restore runs (held_clients.py): only its own clients may reach the broker.
+        try:
+            first = await asyncio.wait_for(_frame(client_reader), _CONNECT_TIMEOUT_S)
+            client_id = wire.request_client_id(first)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, wire.WireError):
+            client_id = None
+        if client_id != allowed:
+            log.info("held off a client (%s) while the restore runs", client_id)
+            client_writer.close()
+            return
     try:
         broker_reader, broker_writer = await asyncio.wait_for(
             asyncio.open_connection(HOST, broker_port), _CONNECT_TIMEOUT_S)
@@ -130,7 +146,7 @@ async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.Str
         client_writer.close()
         return
     connection = _Connection(group)
-    requests = asyncio.create_task(connection.requests(client_reader, broker_writer))
+    requests = asyncio.create_task(connection.requests(client_reader, broker_writer, first))
     responses = asyncio.create_task(connection.responses(broker_reader, client_writer))
     await asyncio.wait((requests, responses), return_when=asyncio.FIRST_COMPLETED)
     if not responses.done():
@@ -164,11 +180,12 @@ async def _close_after_the_client_read(reader: asyncio.StreamReader,
         writer.close()
 
 
-async def serve(listen_port: int, broker_port: int, ledger_path: Path) -> None:
+async def serve(listen_port: int, broker_port: int, ledger_path: Path,
+                held: Path | None = None) -> None:
     group = _Group(AckLedger(ledger_path))
     server = await asyncio.start_server(
-        lambda r, w: _serve(r, w, broker_port, group), HOST, listen_port, reuse_address=True,
-        limit=1 << 20)
+        lambda r, w: _serve(r, w, broker_port, group, held), HOST, listen_port,
+        reuse_address=True, limit=1 << 20)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -190,7 +207,8 @@ async def serve(listen_port: int, broker_port: int, ledger_path: Path) -> None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     listen_port, broker_port, ledger = int(argv[0]), int(argv[1]), Path(argv[2])
-    asyncio.run(serve(listen_port, broker_port, ledger))
+    held = Path(argv[3]) if len(argv) > 3 else None
+    asyncio.run(serve(listen_port, broker_port, ledger, held))
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.dev.held_clients import held_client_id, held_path
 from orchestrator.dev.log_store import engine as store_engine
 from orchestrator.dev.log_store import store_environment
 from orchestrator.dev.logs import tail as _tail
@@ -76,7 +77,7 @@ def start_broker(dev: Path, preferred_port: Any, store_port: int | None, *,
     log = dev / "broker.log"
     pid = spawn_detached(argv, env, log)
     proc = psutil.Process(pid)
-    came_up = poll(lambda: exited(proc) or _answers_metadata(listen_port, port),
+    came_up = poll(lambda: exited(proc) or _answers_metadata(dev, listen_port, port),
                    START_TIMEOUT_S)
     if not came_up or exited(proc):
         with suppress(psutil.Error):
@@ -100,7 +101,7 @@ def start_broker(dev: Path, preferred_port: Any, store_port: int | None, *,
     }
 
 
-def _answers_metadata(listen_port: int, port: int) -> bool:
+def _answers_metadata(dev: Path, listen_port: int, port: int) -> bool:
     # A plain connect to the broker itself first: librdkafka logs every refused or dropped
     # connection to stderr.
     try:
@@ -112,7 +113,10 @@ def _answers_metadata(listen_port: int, port: int) -> bool:
     from confluent_kafka.admin import AdminClient
 
     try:
-        AdminClient({"bootstrap.servers": f"{BROKER_HOST}:{port}"}).list_topics(timeout=5.0)
+        # Through the proxy: while a restore holds clients off, as the restore's own.
+        held = held_client_id(held_path(dev))
+        AdminClient({"bootstrap.servers": f"{BROKER_HOST}:{port}",
+                     **({"client.id": held} if held else {})}).list_topics(timeout=5.0)
     except KafkaException:
         return False
     return True

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from orchestrator.dev.ack_ledger import Ends, as_lines, merge, read_ledger
+from orchestrator.dev.held_clients import held_path
 from orchestrator.dev.logs import tail
 from orchestrator.dev.processes import HOST, exited, listens, live_process, poll, stop
 from orchestrator.errors import ServiceUnavailableError
@@ -35,7 +36,7 @@ def lost_ledger_path(dev: Path) -> Path:
 
 def start_proxy(dev: Path, listen_port: int, broker_port: int) -> dict[str, Any]:
     argv = [sys.executable, "-m", "orchestrator.dev.ack_proxy", str(listen_port),
-            str(broker_port), str(ledger_path(dev))]
+            str(broker_port), str(ledger_path(dev)), str(held_path(dev))]
     log = dev / "ack-proxy.log"
     pid = spawn_detached(argv, os.environ, log)
     proc = psutil.Process(pid)

@@ -28,6 +28,7 @@ from typing import Any
 from orchestrator.dev.ack_ledger import Ends
 from orchestrator.dev.archiver_process import start_archiver, stop_archiver
 from orchestrator.dev.broker_process import BROKER_HOST, start_broker
+from orchestrator.dev.held_clients import held_client_id, held_path, hold, release
 from orchestrator.dev.log_store import start_store
 from orchestrator.dev.postgres import start_postgres
 from orchestrator.dev.processes import live_process, stop
@@ -56,7 +57,8 @@ STORAGES = (ARCHIVED, MEMORY, S3)
 # Called by up() with (pg_dsn, bootstrap, the lost broker's acknowledged ends) once the broker
 # runs and before the archiver starts: it writes the archived topics back into a broker that
 # lost them, and names what was acknowledged and lost.
-Restore = Callable[[str, str, Ends], None]
+# (PostgreSQL DSN, bootstrap, the lost broker's acknowledged ends, the client id to use)
+Restore = Callable[[str, str, Ends, str | None], None]
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,11 @@ class StackStatus:
 
     @property
     def storage_text(self) -> str:
+        if self.storage == ARCHIVED and self.archiver is not None \
+                and not self.archiver.running:
+            return ("NOT durable now: the archiver is not running, so records written since "
+                    "it stopped are in the broker's memory only; run `kappa dev up` to start "
+                    "it (see `kappa archive status`)")
         if self.storage == ARCHIVED:
             return ("durable: in the broker's memory, archived every second by the archiver "
                     "and restored at `kappa dev up` (see `kappa archive status`)")
@@ -147,6 +154,8 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 # What the lost broker acknowledged, for the restore to compare.
                 retire_ledger(dev, record)
                 _write_record(state_dir, record)
+                if restore is not None:
+                    hold(dev)  # no client but the restore's reaches the new broker
             record.update(start_broker(dev, record.get("broker_port"), store,
                                        archived=chosen == ARCHIVED))
             record["storage"] = chosen
@@ -164,8 +173,10 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 archiver = None
             if archiver is None:
                 if restore is not None:
-                    restore(record["pg_dsn"], record["kafka_bootstrap"], lost_broker_acks(dev))
+                    restore(record["pg_dsn"], record["kafka_bootstrap"], lost_broker_acks(dev),
+                            held_client_id(held_path(dev)))
                     lost_ledger_path(dev).unlink(missing_ok=True)
+                release(dev)
                 record.update(start_archiver(state_dir, record["pg_dsn"],
                                              record["kafka_bootstrap"]))
                 _write_record(state_dir, record)

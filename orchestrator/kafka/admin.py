@@ -91,8 +91,8 @@ def base_config(bootstrap: Kafka) -> dict[str, Any]:
     included), then ours. Each client adds its own on top."""
     endpoint = as_endpoint(bootstrap)
     return {
+        "client.id": "kappa-orchestrator",  # unless the endpoint names its own
         **endpoint.client_config(),
-        "client.id": "kappa-orchestrator",
         # Fail fast enough for a CLI when the broker is down; librdkafka retries on its own.
         "socket.connection.setup.timeout.ms": 5000,
         "log.connection.close": False,

@@ -109,6 +109,13 @@ def request_header(message: bytes | memoryview) -> tuple[RequestHeader, _Reader]
     return header, reader
 
 
+def request_client_id(message: bytes | memoryview) -> str | None:
+    """The client id of a request (without its size prefix)."""
+    reader = _Reader(message)
+    reader.int16(), reader.int16(), reader.int32()
+    return reader.string(False)
+
+
 def _flexible(api_key: int, version: int) -> bool:
     return (api_key == PRODUCE and version >= _PRODUCE_FLEXIBLE) or (
         api_key == DELETE_TOPICS and version >= _DELETE_FLEXIBLE)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from conftest import job_file, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("archive")]
 TOPIC = "pageviews"
+RETRIED = "retried"  # written by a producer that retries through a broker's crash
 
 
 def _cli(state_dir: Path, *args: str, fail_points: str | None = None,
@@ -56,6 +58,11 @@ def _pid(state_dir: Path, name: str) -> int:
 def _archived(state_dir: Path) -> bool:
     rows = json.loads(_ok(state_dir, "archive", "status", TOPIC, "--json"))
     return bool(rows) and all(r["current"] and r["behind"] == 0 for r in rows)
+
+
+def _archived_records(state_dir: Path, topic: str) -> int:
+    rows = json.loads(_ok(state_dir, "archive", "status", topic, "--json"))
+    return sum(r["archived_end"] or 0 for r in rows if r["current"])
 
 
 def _wait_archived(state_dir: Path, what: str) -> None:
@@ -193,9 +200,14 @@ class _Writer:
     """A producer writing about 1,000 records/s in a thread, as an application does, keeping
     what the broker acknowledged: {(partition, offset): value}."""
 
-    def __init__(self, bootstrap: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
-        self.bootstrap, self.records = bootstrap, records
+    def __init__(self, bootstrap: str, records: list[tuple[bytes | None, bytes | None]],
+                 topic: str = TOPIC, reconnect_max_ms: int = 10_000) -> None:
+        self.bootstrap, self.records, self.topic = bootstrap, records, topic
+        self.reconnect_max_ms = reconnect_max_ms
         self.acked: dict[tuple[int, int], bytes | None] = {}
+        # (when heard, partition, offset, value): a log restored under the producer may take
+        # new records at the offsets of lost ones.
+        self.heard: list[tuple[float, int, int, bytes | None]] = []
         self.refused = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -205,11 +217,13 @@ class _Writer:
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
-                             "message.timeout.ms": 5000})
+                             "message.timeout.ms": 5000,
+                             "reconnect.backoff.max.ms": self.reconnect_max_ms})
 
         def delivered(err: Any, msg: Any) -> None:
             if err is None:
                 self.acked[(msg.partition(), msg.offset())] = msg.value()
+                self.heard.append((time.monotonic(), msg.partition(), msg.offset(), msg.value()))
             else:
                 self.refused += 1
 
@@ -219,7 +233,8 @@ class _Writer:
                 key, value = self.records[i % len(self.records)]
                 i += 1
                 try:
-                    producer.produce(TOPIC, key=key, value=value, on_delivery=delivered)
+                    producer.produce(self.topic, key=key, value=value,
+                                     on_delivery=delivered)
                 except BufferError:  # the broker is away: the queue is full
                     break
             producer.poll(0)
@@ -270,19 +285,32 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         # The archiver dies first, so the broker alone holds what it acknowledges from then on
         # (for far longer than the 0.2 s between the archiver's notes of the log ends).
         writer = _Writer(bootstrap, samples)
+        # Another application keeps producing through the broker's crash and `kappa dev up`,
+        # reconnecting every half second: it must not reach the new broker before the restore
+        # has put its topic back (#47, path 1).
+        retrier = _Writer(bootstrap, samples, topic=RETRIED, reconnect_max_ms=500)
         writer.more(2000, "the producer to write before the archiver is killed")
+        retrier.more(1000, "the retrying producer to write before the archiver is killed")
+        wait_until(lambda: _archived_records(state, RETRIED) >= 500, 120,
+                   f"the archiver to archive 500 records of {RETRIED}")
         _kill(_pid(state, "archiver"))
         _ok(state, "produce-sample", "--topic", "unseen", "--count", "500", "--seed", "162")
         writer.more(1000, "the producer to write before the broker is killed")
+        retrier.more(500, "the retrying producer to write before the broker is killed")
         _kill(_pid(state, "broker"))
+        killed_at = time.monotonic()
         writer.stop()
         before_up = {(r["partition"]): r["archived_end"] for r in json.loads(
             _ok(state, "archive", "status", TOPIC, "--json"))}
         v1 = next(v for v in json.loads(_ok(state, "status", "--json")) if v["version"] == "v1")
         read = {int(p): e for p, e in v1["processed_offsets"][TOPIC].items()}
-        up = _cli(state, "dev", "up", "--json")
+        # Three seconds in which the retrying producer, let in, would recreate its topic.
+        up = _cli(state, "dev", "up", "--json", fail_points="restore.start=1*sleep(3000)")
         assert up.returncode == 0, up.stderr
         report = json.loads(up.stdout)["restore"]
+        retrier.more(300, "the retrying producer to write once the restore is done")
+        retrier.stop()
+        _check_retried(bootstrap, retrier, killed_at, report)
         restored = read_records(bootstrap, TOPIC)
         ends: dict[int, int] = {}
         for p, o, _, _, _ in restored:
@@ -332,6 +360,27 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         assert 0 <= beyond_heard <= writer.refused, (lost, acked_ends, writer.refused)
     finally:
         _tear_down(state)
+
+
+def _check_retried(bootstrap: str, retrier: _Writer, killed_at: float,
+                   report: dict[str, Any]) -> None:
+    """What the lost broker acknowledged is back at its offset or in a LOST range; what the
+    new broker acknowledged, after the restore, is in the log."""
+    from reference import read_records
+
+    log = {(p, o): v for p, o, _, _, v in read_records(bootstrap, RETRIED)}
+    lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in report["lost"]
+            if r["topic"] == RETRIED}
+    # The new broker acknowledges nothing before its restore's three seconds have passed.
+    old = [(p, o, v) for at, p, o, v in retrier.heard if at < killed_at + 1.0]
+    new = [(p, o, v) for at, p, o, v in retrier.heard if at >= killed_at + 1.0]
+    lost_unreported = [(p, o) for p, o, v in old if log.get((p, o)) != v
+                       and not lost.get(p, (0, 0))[0] <= o < lost.get(p, (0, 0))[1]]
+    assert old and new, (len(old), len(new))
+    assert not lost_unreported, (f"{len(lost_unreported)} of {len(old)} acknowledged records "
+                                 f"of {RETRIED} lost unreported, e.g. {lost_unreported[:3]}; "
+                                 f"reported {lost}")
+    assert all(log.get((p, o)) == v for p, o, v in new)
 
 
 def test_what_the_broker_acknowledged_while_a_pass_hangs_is_reported_when_it_is_lost(
