@@ -196,6 +196,7 @@ class Restorer:
                     known_ends[int(p)] = max(known_ends.get(int(p), 0), n)
             lost = tuple(LostRange(topic, p, ends.get(p, 0), known)
                          for p, known in sorted(known_ends.items()) if known > ends.get(p, 0))
+            manifest.start_log_ends(self.conn, self.schema, root, ends)
             events.record(self.conn, self.schema, "log_restored", topic=topic,
                           topic_id=topic_id, lineage=f"{root.cluster_id}-{root.topic_id}",
                           ends={str(p): e for p, e in ends.items()}, versions=adopted,

@@ -173,6 +173,16 @@ def note_log_ends(conn: psycopg.Connection, schema: str, root: Lineage,
             (root.cluster_id, root.topic, root.topic_id, partition, end))
 
 
+def start_log_ends(conn: psycopg.Connection, schema: str, root: Lineage,
+                   ends: dict[int, int]) -> None:
+    """A new broker life of ``root`` begins at ``ends`` (a restore's): the ends a lost life
+    reached were reported, and must not be reported again after the next crash."""
+    conn.execute(sql.SQL("DELETE FROM {} WHERE cluster_id = %s AND topic = %s AND "
+                         "topic_id = %s").format(qualified(schema, "archive_log_ends")),
+                 (root.cluster_id, root.topic, root.topic_id))
+    note_log_ends(conn, schema, root, ends)
+
+
 def log_ends(conn: psycopg.Connection, schema: str, root: Lineage) -> dict[int, int]:
     rows = conn.execute(
         sql.SQL("SELECT partition, log_end FROM {} WHERE cluster_id = %s AND topic = %s AND "

@@ -113,6 +113,19 @@ def test_what_a_crash_lost_before_the_archive_is_reported_by_offset(settings, to
     human = kappa_cli(settings, "archive", "restore", topic)
     assert "nothing to restore" in human.stdout
 
+    # A second crash of the broker's new life, after everything it acknowledged was archived:
+    # nothing is lost, though the first life's log had reached further (#47, path 5: the
+    # highest end ever noted, across broker lives, was reported lost again).
+    service.produce_sample(topic, 300, seed=147)
+    assert _run(settings, topic) == 0
+    second_ends = {p: e for (_, p), (_, e) in log_bounds(settings.kafka, [topic]).items()}
+    assert any(second_ends[p] < seen_ends[p] for p in seen_ends)  # the case at stake
+    _delete(settings, topic)
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    assert report["lost"] == []
+    assert report["restored"][0]["ends"] == {str(p): e for p, e in second_ends.items()}
+
 
 def test_a_damaged_segment_is_never_restored(settings, topic: str) -> None:
     import pyarrow.parquet as pq
