@@ -21,6 +21,7 @@ import psycopg
 
 from orchestrator.archive.decode_pass import decode_pending
 from orchestrator.archive.decoding import DecodedSegment
+from orchestrator.archive.deletions import end_deleted_lineages
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.readable import archive_root
@@ -329,6 +330,7 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                         raise ArchiveError(
                             "no deployed job reads a topic yet: name the topics "
                             "(`kappa archive run TOPIC ...`) or deploy a job first")
+                    end_deleted_lineages(conn, settings.catalog_schema, kafka)
                     archiver = Archiver(settings, conn, kafka, clients, watch)
                     written += len(archiver.archive(topics, on_segment, skip_missing=not named,
                                                     isolate_topics=not once))

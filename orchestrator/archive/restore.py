@@ -90,6 +90,7 @@ class RestoreReport:
     continuing: tuple[tuple[str, str], ...] = ()
     # Acknowledged by the lost broker in topics the archive never held a record of.
     unarchived: tuple[LostRange, ...] = ()
+    ended: tuple[str, ...] = ()  # deleted on the broker before it was lost: not restored
 
     @property
     def lost(self) -> tuple[LostRange, ...]:
@@ -111,13 +112,16 @@ class Restorer:
         with self.conn.transaction():
             known = manifest.known_logs(self.conn, self.schema)
         newest = {k.identity.topic: k for k in known if not topics or k.identity.topic in topics}
+        # Deleted on the broker before it was lost: never brought back.
+        ended = tuple(sorted(t for t, k in newest.items() if k.ended))
+        newest = {t: k for t, k in newest.items() if not k.ended}
         unarchived = tuple(LostRange(topic, p, 0, end)
                            for topic, ends in sorted(acknowledged.items())
                            if topic not in newest and not topic.startswith("__")
                            and (not topics or topic in topics)
                            for p, end in sorted(ends.items()) if end > 0)
         if not newest:
-            return RestoreReport(unarchived=unarchived)
+            return RestoreReport(unarchived=unarchived, ended=ended)
         identity = log_identity(self.kafka, sorted(newest))
         if not identity.cluster_id:
             raise ArchiveError(f"the broker at {self.kafka} reports no cluster id: it cannot "

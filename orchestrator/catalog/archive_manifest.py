@@ -97,6 +97,7 @@ class KnownLog:
     root: Lineage  # the lineage whose segments it writes and whose offsets it continues
     partitions: int
     restoring: bool  # a restore not yet checked against the manifest
+    ended: bool = False  # its topic was found deleted (or replaced) on its broker
 
 
 _LINEAGE_COLUMNS = ("cluster_id", "topic", "topic_id", "partitions", "root_cluster_id",
@@ -109,8 +110,17 @@ def known_logs(conn: psycopg.Connection, schema: str) -> list[KnownLog]:
         sql.SQL(", ").join(map(sql.Identifier, _LINEAGE_COLUMNS)),
         qualified(schema, "archive_lineages"))).fetchall()
     return [KnownLog(Lineage(cluster, topic, topic_id), Lineage(root_cluster, topic, root_id),
-                     partitions, state == "restoring")
+                     partitions, state == "restoring", state == "ended")
             for cluster, topic, topic_id, partitions, root_cluster, root_id, state in rows]
+
+
+def end_lineages(conn: psycopg.Connection, schema: str, identities: Sequence[Lineage]) -> None:
+    """The topics ``identities`` name were found deleted, or replaced, on their broker."""
+    for identity in identities:
+        conn.execute(sql.SQL("UPDATE {} SET state = 'ended', ended_at = now() WHERE "
+                             "cluster_id = %s AND topic = %s AND topic_id = %s AND "
+                             "state = 'live'").format(qualified(schema, "archive_lineages")),
+                     (identity.cluster_id, identity.topic, identity.topic_id))
 
 
 def root_of(conn: psycopg.Connection, schema: str, identity: Lineage, partitions: int
@@ -119,10 +129,13 @@ def root_of(conn: psycopg.Connection, schema: str, identity: Lineage, partitions
     conn.execute(
         sql.SQL("INSERT INTO {} ({}) VALUES (%s, %s, %s, %s, %s, %s, 'live') "
                 "ON CONFLICT (cluster_id, topic, topic_id) DO UPDATE "
-                "SET partitions = GREATEST({}.partitions, EXCLUDED.partitions)").format(
+                "SET partitions = GREATEST({t}.partitions, EXCLUDED.partitions), "
+                # Found on its broker again, same id: a listing that missed it ended it.
+                "state = CASE WHEN {t}.state = 'ended' THEN 'live' ELSE {t}.state END, "
+                "ended_at = NULL").format(
             qualified(schema, "archive_lineages"),
             sql.SQL(", ").join(map(sql.Identifier, _LINEAGE_COLUMNS)),
-            sql.Identifier("archive_lineages")),
+            t=sql.Identifier("archive_lineages")),
         (identity.cluster_id, identity.topic, identity.topic_id, partitions,
          identity.cluster_id, identity.topic_id))
     row = conn.execute(

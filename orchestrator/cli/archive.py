@@ -121,6 +121,8 @@ def print_restore(report: Any, *, quiet_if_nothing: bool = False) -> None:
               f"offsets (lineage {t.root.cluster_id}-{t.root.topic_id})")
     for topic in () if quiet_if_nothing else report.kept:
         print(f"{topic}: the broker holds it; nothing to restore")
+    for topic in report.ended:
+        print(f"{topic}: deleted on the broker before it was lost; not restored")
     for lost in report.lost:
         print(f"LOST {lost.describe()}: acknowledged by the broker, gone before it was "
               "archived")
@@ -128,7 +130,7 @@ def print_restore(report: Any, *, quiet_if_nothing: bool = False) -> None:
         print(f"failed {failed}")
     for job, version in report.continuing:
         print(f"{job} {version} goes on from its offsets on the restored log (restarted)")
-    if not report.restored and not report.kept and not quiet_if_nothing:
+    if not report.restored and not report.kept and not report.ended and not quiet_if_nothing:
         print("nothing archived yet: nothing to restore")
 
 
@@ -137,7 +139,7 @@ def restore_json(report: Any) -> dict[str, Any]:
                           "topic_id": t.topic_id, "records": t.records, "gaps": t.gaps,
                           "ends": {str(p): e for p, e in sorted(t.ends.items())}}
                          for t in report.restored],
-            "kept": list(report.kept),
+            "kept": list(report.kept), "ended": list(report.ended),
             "lost": [{"topic": r.topic, "partition": r.partition, "first_offset": r.first_offset,
                       "end_offset": r.end_offset} for r in report.lost],
             "failed_versions": list(report.failed_versions),

@@ -127,6 +127,37 @@ def test_what_a_crash_lost_before_the_archive_is_reported_by_offset(settings, to
     assert report["restored"][0]["ends"] == {str(p): e for p, e in second_ends.items()}
 
 
+def test_a_deleted_topic_is_never_restored(settings, topic: str) -> None:
+    """#47, path 2: a topic the user deleted, found gone by the next archiver pass, ends its
+    lineage, so a restore (as `kappa dev up` runs after `kappa dev down`) does not bring it
+    back; a topic of that name created again starts a lineage of its own, and a restore gives
+    it only its own records."""
+    from orchestrator.kafka.admin import topic_names
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    other = f"{topic}_other"
+    for name, seed in ((topic, 148), (other, 149)):
+        service.produce_sample(name, 1_000, seed=seed)
+        assert _run(settings, name) == 0
+    _delete(settings, topic)
+    assert _run(settings, other) == 0  # an archiver pass, which finds the topic gone
+
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    assert report["restored"] == [] and report["lost"] == [], report
+    assert report["ended"] == [topic], report
+    assert topic not in topic_names(settings.kafka)
+
+    service.produce_sample(topic, 200, seed=150)  # the name again: a new topic
+    assert _run(settings, topic) == 0
+    _delete(settings, topic)
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    (restored,) = report["restored"]
+    assert restored["records"] == 200, restored
+
+
 def test_a_damaged_segment_is_never_restored(settings, topic: str) -> None:
     import pyarrow.parquet as pq
 
