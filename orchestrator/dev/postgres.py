@@ -8,6 +8,7 @@ PID is gone or a zombie and no orphaned backend is attached to its shared memory
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -51,6 +52,7 @@ def start_postgres(pgdata: Path) -> dict[str, Any]:
         server = postgres_server.get_server(pgdata, cleanup_mode=None)
         info = server.get_postmaster_info()
         command = psutil.Process(info.pid).cmdline()
+        _private(Path(info.socket_dir), pgdata)
     except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError,
             psutil.Error) as exc:
         failed = exc.cmd[0] if isinstance(exc, subprocess.CalledProcessError) else exc
@@ -64,6 +66,18 @@ def start_postgres(pgdata: Path) -> dict[str, Any]:
         "pg_dsn": server.get_uri(),
         "pg_socket_dir": str(info.socket_dir),
     }
+
+
+def _private(socket_dir: Path, pgdata: Path) -> None:
+    """The server trusts every connection on its socket as superuser: no user but the server's
+    (and root) may reach the socket. In the data dir (0700) it is; where the data dir's path is
+    too long for a socket, the library puts it in the runtime dir, which it makes 0777 when it
+    runs the server as its own user for root."""
+    if socket_dir.resolve() == pgdata.resolve():
+        return
+    owner = pgdata.stat()
+    os.chown(socket_dir, owner.st_uid, owner.st_gid)
+    socket_dir.chmod(0o700)
 
 
 def clear_stale_lock(pgdata: Path) -> bool:

