@@ -190,83 +190,39 @@ def test_verify_reads_back_and_a_damaged_or_missing_segment_stops_with_one_line(
 def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, topic: str
                                                                      ) -> None:
     """`kappa archive run` while the agent archives: each partition is written by one of them
-    at a time, and the manifest tiles every partition."""
+    at a time, both write, and the manifest tiles every partition with the log's records."""
     import os
+    import re
     import subprocess
     import sys
 
-    from orchestrator.kafka.offsets import log_bounds
     from orchestrator.service import Orchestrator
 
     settings = replace(settings, archive_segment_records=500)
     Orchestrator(settings).produce_sample(topic, 20_000, seed=137)
-    env = dict(os.environ, **settings.driver_environment())
+    # 50 ms before each of its 40 segments is recorded: a run takes seconds, so the second one
+    # starts while the first holds a partition.
+    env = dict(os.environ, **settings.driver_environment(),
+               KAPPA_FAIL_POINTS="archive.before_record=sleep(50)")
     kappa = str(Path(sys.executable).with_name("kappa"))
     runs = [subprocess.Popen([kappa, "archive", "run", "--once", topic], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
-    errors = [run.communicate(timeout=300)[1] for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], errors
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    wrote = [set(re.findall(r"^archived \S+/(\d+) \[(\d+), ", out, re.M))
+             for out, _ in outputs]
+    assert all(wrote) and not wrote[0] & wrote[1], wrote  # both wrote, never the same segment
     assert _run(settings, topic) == 0  # whatever one skipped while the other held it
-    segments = _manifest(settings, topic)
-    for (_, partition), (start, end) in log_bounds(settings.kafka, [topic]).items():
-        mine = [s for s in segments if s.partition == partition]
-        assert mine[0].first_offset == start and mine[-1].end_offset == end
-        assert all(a.end_offset == b.first_offset for a, b in pairwise(mine))
+    _equal_to_the_log(settings, topic)
 
 
-def test_a_topic_nobody_created_is_refused_when_named_and_waited_for_otherwise(settings
-                                                                               ) -> None:
-    from orchestrator.archive.archiver import Archiver
-    from orchestrator.archive.segments import ArchiveError
-    from orchestrator.catalog.db import connect
-    from orchestrator.service import Orchestrator
-
-    missing = f"never_created_{uuid.uuid4().hex[:8]}"
-    Orchestrator(settings).archive_status()  # the catalog, migrated
-    with connect(settings.pg_dsn, autocommit=True) as conn:
-        archiver = Archiver(settings, conn, settings.kafka)
-        assert archiver.archive([missing], skip_missing=True) == []
-        with pytest.raises(ArchiveError, match=f"topic {missing} does not exist"):
-            archiver.archive([missing])
-
-
-def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(settings, topic: str
-                                                                          ) -> None:
-    """`kappa archive run` SIGKILLed five times at random moments of its writing, while the log
-    grows; each run resumes where the manifest ends, and the archive equals the log."""
-    import os
-    import random
-    import signal
-    import subprocess
-    import sys
-
+def _equal_to_the_log(settings, topic: str) -> None:
+    """The manifest tiles each partition from its log start to its end, with no file on disk
+    that it does not hold, and the archived records are the log's."""
     from orchestrator.archive.parquet_store import ParquetStore
     from orchestrator.kafka.offsets import log_bounds
     from orchestrator.kafka.reader import read_range
-    from orchestrator.service import Orchestrator
-
-    settings = replace(settings, archive_segment_records=400)
-    service = Orchestrator(settings)
-    service.produce_sample(topic, 30_000, seed=138)
-    assert service.archive_status([topic])  # the catalog, with its manifest, exists now
-    env = dict(os.environ, **settings.driver_environment())
-    kappa = str(Path(sys.executable).with_name("kappa"))
-    chance = random.Random(int(os.environ.get("KAPPA_CHAOS_SEED", "138")))
-    recorded = 0
-    for kill in range(5):
-        proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # Killed once it has recorded 1 to 3 new segments, a random point of its writing.
-        target = recorded + chance.randint(1, 3)
-        wait_until(lambda t=target: len(_manifest(settings, topic)) >= t, 120,
-                   f"archiver run {kill + 1} to record segment {target}", poll_s=0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
-        assert "Traceback" not in err.decode()
-        recorded = len(_manifest(settings, topic))
-        service.produce_sample(topic, 2_000, seed=139 + kill)  # the log grows meanwhile
-    assert _run(settings, topic) == 0
 
     segments = _manifest(settings, topic)
     root = settings.state_dir / "archive"
@@ -283,6 +239,73 @@ def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(setting
         from_log = [r for batch in read_range(settings.kafka, name, partition, start, end,
                                               group, timestamp_types=True) for r in batch]
         assert archived == from_log
+
+
+def test_a_topic_nobody_created_is_refused_when_named_and_waited_for_otherwise(settings
+                                                                               ) -> None:
+    from orchestrator.archive.archiver import Archiver
+    from orchestrator.archive.segments import ArchiveError
+    from orchestrator.catalog.db import connect
+    from orchestrator.service import Orchestrator
+
+    missing = f"never_created_{uuid.uuid4().hex[:8]}"
+    service = Orchestrator(settings)
+    service.archive_status()  # the catalog, migrated
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        archiver = Archiver(settings, conn, settings.kafka)
+        assert archiver.archive([missing], skip_missing=True) == []
+        with pytest.raises(ArchiveError, match=f"topic {missing} does not exist"):
+            archiver.archive([missing])
+        # Waited for: once created, the next pass archives it.
+        service.produce_sample(missing, 300, seed=136)
+        written = archiver.archive([missing], skip_missing=True)
+        assert sum(s.records for s in written) == 300
+
+
+def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(settings, topic: str
+                                                                          ) -> None:
+    """`kappa archive run` SIGKILLed five times in the middle of a segment, while the log grows:
+    held by a fail point after 1 to 3 segments, with the next one's file written under its
+    temporary name (before its rename) or in place (before its record), which the kill leaves
+    behind. The runs remove it as they reach its partition, each resumes where the manifest
+    ends, and the archive equals the log."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, archive_segment_records=400)
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 30_000, seed=138)
+    assert service.archive_status([topic])  # the catalog, with its manifest, exists now
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    chance = random.Random(int(os.environ.get("KAPPA_CHAOS_SEED", "138")))
+    root = settings.state_dir / "archive"
+
+    def left_behind() -> list[Path]:
+        recorded = {s.path for s in _manifest(settings, topic)}
+        return [p for p in root.rglob("*") if p.is_file() and (
+            ".tmp-" in p.name or (p.suffix == ".parquet"
+                                  and str(p.relative_to(root)) not in recorded))]
+
+    for kill in range(5):
+        point = ("archive.before_rename", "archive.before_record")[kill % 2]
+        held = f"{point}={chance.randint(1, 3)}*off->sleep(600000)"
+        env = dict(os.environ, **settings.driver_environment(), KAPPA_FAIL_POINTS=held)
+        proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_until(left_behind, 120, f"archiver run {kill + 1} to hang mid-segment ({held})",
+                   poll_s=0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        assert "Traceback" not in err
+        assert left_behind(), "the kill left nothing behind: it did not land mid-segment"
+        service.produce_sample(topic, 2_000, seed=139 + kill)  # the log grows meanwhile
+    assert _run(settings, topic) == 0
+    _equal_to_the_log(settings, topic)  # what each kill left behind is gone
 
 
 def test_one_topics_error_stops_only_that_topic_and_the_archiver_runs_on(settings, topic: str

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import ROOT, job_file, kappa_cli, wait_until
+from conftest import ROOT, debian_tool, job_file, kappa_cli, wait_until
 from integration.outcome_readers import Application, create_outcomes_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -113,6 +113,10 @@ def _run(deployed, converts: dict[str, float], errors: dict[str, float], seed: i
 def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     """One deployment for every scenario (a module fixture would deploy once per xdist
     worker), in the order a team would meet them."""
+    # Before the first scenario: a missing tool skips (or, under CI, fails) the whole test,
+    # never half of it with the scenarios after the one that needs it.
+    debian_tool("faketime", "faketime")
+    debian_tool("prometheus", "prometheus")
     _bad_cutover_flags_and_unknown_metrics_switch_nothing(deployed)
     _a_worse_candidate_is_rolled_back_and_the_bandit_exposes_fewer_readers(deployed)
     _a_guardrail_that_degrades_rolls_back_while_conversions_improve(deployed)
