@@ -125,6 +125,17 @@ class Archiver:
                 if not isolate_topics or _is_outage(exc):
                     raise
                 self._topic_failed(topic, exc)
+        if isolate_topics:
+            with self.conn.transaction():
+                manifest.clear_errors(self.conn, self.schema,
+                                      [t for t in watched if t not in self.failed])
+                new = [t for t, reason in self.failed.items()
+                       if manifest.note_error(self.conn, self.schema, t, reason)]
+            for topic in new:  # once per error, not once a second
+                log.warning("%s: the archiver's passes stop on this topic only (%s); the other "
+                            "topics are archived, and it is tried again on every pass (`kappa "
+                            "archive status` shows it until it passes)", topic,
+                            self.failed[topic])
         return written
 
     def _bounds(self, topics: list[str], isolate_topics: bool
@@ -153,8 +164,6 @@ class Archiver:
     def _topic_failed(self, topic: str, exc: Exception) -> None:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self.failed[topic] = reason
-        log.warning("%s: this pass stopped for this topic only (%s); the other topics are "
-                    "archived, and it is tried again on the next pass", topic, reason)
 
     def _partition(self, lineage: Lineage, seen: Lineage, partition: int, log_start: int,
                    log_end: int, on_segment: Callable[[Segment], None]) -> list[Segment]:
@@ -222,6 +231,7 @@ class Archiver:
         with self.conn.transaction():
             segments = manifest.segments(self.conn, self.schema)
             noted = manifest.noted_log_ends(self.conn, self.schema)
+            failing = manifest.errors(self.conn, self.schema)
         names = list(dict.fromkeys([*topics, *(s.lineage.topic for s in segments)]))
         try:
             identity = log_identity(self.kafka, names)
@@ -252,7 +262,8 @@ class Archiver:
                 segments=len(kept), records=sum(s.records for s in kept),
                 gaps=sum(len(s.gap_offsets) for s in kept), bytes=sum(s.bytes for s in kept),
                 log_start=start, log_end=end,
-                noted_end=noted.get((topic, lineage_text or "", partition))))
+                noted_end=noted.get((topic, lineage_text or "", partition)),
+                error=failing.get(topic) if is_current else None))
         return self._with_lag_seconds(rows)
 
     def _with_lag_seconds(self, rows: list[PartitionArchive]) -> list[PartitionArchive]:

@@ -182,6 +182,7 @@ class PartitionArchive:
     # The highest log end the archiver noted (None: none yet). A crash of a volatile broker
     # reports the offsets from archived_end up to here as lost.
     noted_end: int | None = None
+    error: str | None = None  # what stops a continuous archiver's passes on this topic
 
     @property
     def behind(self) -> int | None:

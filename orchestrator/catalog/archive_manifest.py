@@ -233,3 +233,27 @@ def held_spans(conn: psycopg.Connection, schema: str, identity: LogIdentity | No
             (identity.cluster_id, topic, topic_id)).fetchall()
         held.update({(topic, int(p)): (int(first), int(end)) for p, first, end in rows})
     return held
+
+
+def note_error(conn: psycopg.Connection, schema: str, topic: str, error: str) -> bool:
+    """A pass stopped on ``topic`` with ``error``; whether that error is new for it."""
+    before = conn.execute(sql.SQL("SELECT error FROM {} WHERE topic = %s FOR UPDATE").format(
+        qualified(schema, "archive_errors")), (topic,)).fetchone()
+    conn.execute(sql.SQL("INSERT INTO {} (topic, error) VALUES (%s, %s) ON CONFLICT (topic) DO "
+                         "UPDATE SET error = EXCLUDED.error, seen_at = now()").format(
+        qualified(schema, "archive_errors")), (topic, error))
+    return before is None or before[0] != error
+
+
+def clear_errors(conn: psycopg.Connection, schema: str, topics: Sequence[str]) -> None:
+    """A pass archived ``topics``: their errors are over."""
+    if topics:
+        conn.execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s)").format(
+            qualified(schema, "archive_errors")), (list(topics),))
+
+
+def errors(conn: psycopg.Connection, schema: str) -> dict[str, str]:
+    """{topic: the error that stops its archiver passes}."""
+    rows = conn.execute(sql.SQL("SELECT topic, error FROM {}").format(
+        qualified(schema, "archive_errors"))).fetchall()
+    return {str(topic): str(error) for topic, error in rows}

@@ -57,6 +57,8 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
                           "-" if r.noted_end is None else f"{r.noted_end:,}", r.segments,
                           r.records, r.gaps, r.bytes] for r in rows])
                   if rows else "nothing archived yet: `kappa archive run`")
+            for topic, error in sorted({(r.topic, r.error) for r in rows if r.error}):
+                print(f"{topic}: the archiver's passes stop on it: {error}")
             decodings = service.archive_decodings()
             if decodings:
                 print(_decodings_table(decodings))
@@ -154,7 +156,7 @@ def _row_json(r: Any) -> dict[str, Any]:
             "records": r.records, "gaps": r.gaps, "bytes": r.bytes, "noted_end": r.noted_end,
             "retention": None if r.retention is None else r.retention.value,
             "retention_headroom": r.retention_headroom,
-            "retention_headroom_share": r.retention_headroom_share}
+            "retention_headroom_share": r.retention_headroom_share, "error": r.error}
 
 
 def _retention(r: Any) -> str:
