@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import ROOT
@@ -78,6 +79,18 @@ def _durable_cycle(cwd: Path) -> list[object]:
     status = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
     assert status["storage"] == "archive" and [s["name"] for s in status["services"]] == [
         "postgres", "broker", "ack proxy", "archiver"]
+    # Records the archiver has not seen when `kappa dev down` starts (it was stopped while they
+    # were written): down stops the archiver first, whose last pass archives them while the
+    # broker still runs, so they come back.
+    archiver = psutil.Process(next(s["pid"] for s in status["services"]
+                                   if s["name"] == "archiver"))
+    archiver.suspend()
+    try:
+        tail = _kappa(cwd, "produce-sample", "--topic", "tail", "--count", "1000", "--seed", "78")
+        assert tail.returncode == 0, tail.stderr
+        tail_before = read_records(settings.kafka_bootstrap, "tail")  # type: ignore[attr-defined]
+    finally:
+        archiver.resume()
     down = _kappa(cwd, "dev", "down")
     assert down.returncode == 0, down.stderr
     assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story
@@ -89,6 +102,7 @@ def _durable_cycle(cwd: Path) -> list[object]:
     settings = _settings(cwd)
     after = read_records(settings.kafka_bootstrap, "pageviews")  # type: ignore[attr-defined]
     assert after == before  # same partitions, offsets, timestamps, keys and values
+    assert read_records(settings.kafka_bootstrap, "tail") == tail_before  # type: ignore
     return before
 
 

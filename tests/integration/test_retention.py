@@ -99,6 +99,17 @@ def test_a_version_deployed_after_retention_replays_from_zero_out_of_the_archive
         risks = {r["topic"]: r["retention"] for r in json.loads(
             _ok(state, "archive", "status", KEPT, SHORT, "--json")) if r["current"]}
         assert risks == {KEPT: "ok", SHORT: "lost"}, risks
+        # Retention first: a pass of the archiver stops on SHORT, naming the offsets it lost
+        # (never a silent hole), and archives nothing of it.
+        stopped = _cli(state, "archive", "run", SHORT, "--once")
+        assert stopped.returncode != 0, stopped.stdout
+        (line,) = stopped.stderr.strip().splitlines()
+        assert "left the log before they were archived" in line, line
+        assert any(f"offsets [{archive_ends[(SHORT, p)]}, {start}) of {SHORT}/{p} " in line
+                   for (_, p), (start, _) in short.items()), line
+        assert {(r["partition"]): r["archived_end"] for r in json.loads(_ok(
+            state, "archive", "status", SHORT, "--json")) if r["current"] and r["topic"] == SHORT
+                } == {p: archive_ends[(SHORT, p)] for (_, p) in short}
 
         # The archive holds everything retention took from KEPT: offset 0, no --allow-gap.
         _ok(state, "deploy", str(job_file(tmp_path, "v1", KEPT)), "--wait", "--timeout", "300")
