@@ -50,6 +50,7 @@ POINTS = (
     "archive.before_record",  # a segment is in place; the manifest does not hold it yet
     "archive.topic",  # a continuous archive pass is about to write one topic's partitions
     "restore.start",  # `kappa dev up` (or `kappa archive restore`) is about to restore
+    "restore.before_check",  # a topic's records are produced; their read-back check is next
     "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends
 )
 

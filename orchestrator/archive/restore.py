@@ -180,6 +180,7 @@ class Restorer:
                         for p in range(partitions)}
         try:
             ends = {p: self._partition(topic, p, kept) for p, kept in segments.items()}
+            fail_point("restore.before_check")
             self._check(topic, segments, ends)
         except BaseException:
             delete_topic(self.kafka, topic)

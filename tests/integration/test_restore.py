@@ -158,6 +158,72 @@ def test_a_deleted_topic_is_never_restored(settings, topic: str) -> None:
     assert restored["records"] == 200, restored
 
 
+def test_a_restore_cut_off_stays_restoring_and_starts_again(settings, topic: str) -> None:
+    """A restore killed after it produced a topic's records and before it read them back: the
+    topic stays `restoring` (the archiver leaves it alone), and the next restore deletes it and
+    restores it again, checked, also when something wrote into the topic meanwhile."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from orchestrator.catalog import archive_manifest
+    from orchestrator.catalog.db import connect
+    from orchestrator.failpoints import EXIT_STATUS
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(settings)
+    service.produce_sample(topic, 1_000, seed=151)
+    assert _run(settings, topic) == 0
+    before = _log(settings, topic)
+    segments = len(_manifest(settings, topic))
+    _delete(settings, topic)
+
+    def restoring() -> list:
+        with connect(settings.pg_dsn, autocommit=True) as conn:
+            return [k for k in archive_manifest.known_logs(conn, settings.catalog_schema)
+                    if k.identity.topic == topic and k.restoring]
+
+    os.environ["KAPPA_FAIL_POINTS"] = "restore.before_check=1*exit"
+    try:
+        cut = kappa_cli(settings, "archive", "restore", topic)
+    finally:
+        del os.environ["KAPPA_FAIL_POINTS"]
+    assert cut.returncode == EXIT_STATUS, cut.stderr
+    assert restoring(), "the cut-off restore is not marked restoring"
+    assert _run(settings, topic) == 0 and len(_manifest(settings, topic)) == segments
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    assert [t["topic"] for t in report["restored"]] == [topic] and not restoring()
+    assert _log(settings, topic) == before
+
+    # The check reads the restored log back: a record written meanwhile fails it, and the
+    # topic goes; the next restore brings it back.
+    _delete(settings, topic)
+    env = {**os.environ, **settings.driver_environment(),
+           "KAPPA_FAIL_POINTS": "restore.before_check=1*sleep(5000)"}
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "archive", "restore",
+                             topic], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # its records are produced; it waits here, then checks
+    assert "fail point restore.before_check: sleeping" in first, first
+    service.produce_sample(topic, 1, seed=152)
+    err = proc.stderr.read()
+    assert proc.wait(60) != 0 and "the log is not restored" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not restoring() and topic not in _topics(settings)
+    code, report, err = _restore(settings, topic)
+    assert code == 0, err
+    assert _log(settings, topic) == before
+
+
+def _topics(settings) -> list[str]:
+    from orchestrator.kafka.admin import topic_names
+
+    return topic_names(settings.kafka)
+
+
 def test_a_damaged_segment_is_never_restored(settings, topic: str) -> None:
     import pyarrow.parquet as pq
 
