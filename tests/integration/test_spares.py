@@ -35,12 +35,16 @@ def spare_settings(settings) -> Iterator[object]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _spare(settings) -> spares.Spare:
+def _spare(settings, *, may_idle_out: bool = False) -> spares.Spare:
     env = launcher.driver_environment(settings)
     pid = spares.keep(settings, env)
     assert pid is not None, "no spare was started: is memory short?"
-    assert spares.wait_ready(settings, env, timeout_s=240), "the spare never became ready"
+    # Its record now, while it is there: a spare that idles out may be gone by the time
+    # wait_ready sees it ready (CI, on a loaded machine, #47).
     (spare,) = [s for s in spares.spares(spares.spare_dir(settings)) if s.pid == pid]
+    assert spares.wait_ready(settings, env, timeout_s=240) or (
+        may_idle_out and not launcher.is_alive(spare.pid, spare.started)), \
+        "the spare never became ready"
     return spare
 
 
@@ -113,7 +117,7 @@ def test_a_spare_exits_when_idle_or_unwanted_and_leaves_no_files(spare_settings,
                                                                    tmp_path: Path) -> None:
     idle = replace(spare_settings, spare_idle_s=1.0)
     unwanted = replace(spare_settings, state_dir=tmp_path / "gone")
-    first, second = _spare(idle), _spare(unwanted)
+    first, second = _spare(idle, may_idle_out=True), _spare(unwanted)
     directory = spares.spare_dir(idle)
     shutil.rmtree(unwanted.state_dir)  # its deployment is gone: it is not wanted any more
     for spare in (first, second):
