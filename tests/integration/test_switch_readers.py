@@ -195,10 +195,11 @@ def test_kill_9_mid_switch_leaves_alias_and_history_consistent(service, settings
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             # (A separate autocommit connection: pg_stat_activity is frozen within a transaction.)
+            # Waiting on this holder's lock, not any kappa's: other tests share the server.
             wait_until(lambda: watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kappa' "
-                "AND wait_event_type = 'Lock'").fetchone()[0] == 1, 60,
-                "the CLI's switch to wait inside its transaction")
+                "AND %s = ANY(pg_blocking_pids(pid))", (holder.info.backend_pid,)
+            ).fetchone()[0] == 1, 60, "the CLI's switch to wait inside its transaction")
         finally:
             os.kill(cli.pid, signal.SIGKILL)
             cli.wait()
