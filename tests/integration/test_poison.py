@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,19 +83,22 @@ def test_a_poison_record_fails_the_version_and_quarantine_isolates_it(
 
         # The quarantine's first try pauses, holding its window open: meanwhile the run row
         # must be free, so that heartbeats, `kappa stop` and status reads elsewhere go on.
-        monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=1*sleep(8000)")
+        # 20 s: a loaded machine still checks within it, and the check says if it did not.
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=1*sleep(20000)")
         result = kappa_cli(settings, "restart", "--quarantine", JOB, "v1")
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
         assert result.returncode == 0, result.stderr
         log = Path(service.version_status(JOB, "v1").log_path or "")
         wait_until(lambda: "fail point quarantine.try: sleeping" in log.read_text(), 120,
-                   "the quarantine's first try")
+                   "the quarantine's first try", poll_s=0.2)
+        seen = time.monotonic()
         with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
             assert conn.execute(sql.SQL(
                 "SELECT attempt FROM {}.runs r JOIN {}.job_versions v ON v.id = r.version_id "
                 "WHERE v.job = %s FOR UPDATE OF r NOWAIT").format(
                 sql.Identifier(settings.catalog_schema), sql.Identifier(settings.catalog_schema)),
                 (JOB,)).fetchone() == (2,)
+        assert time.monotonic() - seen < 19, "the check missed the quarantine's window"
         service.wait(JOB, "v1", timeout_s=300)
 
         expected = {url: counts for url, counts in ref.v1.items()
