@@ -123,6 +123,7 @@ def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     _keys_that_differ_call_no_difference_in_an_a_a_test(deployed)
     _keys_that_differ_and_a_worse_candidate_are_rolled_back_by_the_bandit(deployed)
     _an_outcome_database_whose_clock_is_off_gives_no_data_and_says_so(deployed, tmp_path)
+    _a_metric_query_past_its_statement_timeout_gives_no_data_then_rolls_back(deployed)
     _a_promql_metric_judges_by_the_applications_counters_in_prometheus(deployed, tmp_path)
     _a_running_test_is_on_the_dashboard(deployed, tmp_path)
     _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
@@ -256,6 +257,29 @@ def _an_outcome_database_whose_clock_is_off_gives_no_data_and_says_so(deployed,
     assert looks and all("clock is +" in look["reason"] for look in looks[:-1]), looks
     assert all(4 < look["evidence"]["clock_skew_s"] < 6 for look in looks), looks
     assert _last(found, "skewed_converts")["error"].startswith("the outcome database's clock")
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
+
+
+def _a_metric_query_past_its_statement_timeout_gives_no_data_then_rolls_back(deployed
+                                                                          ) -> None:
+    """A metric's query that runs past metric_statement_timeout_ms is cancelled: each look is
+    no_data, saying why, never a decision, and the no-data timeout rolls back (#47)."""
+    from conftest import with_settings
+
+    settings, service, schema, _ = deployed
+    defined = kappa_cli(settings, "metric", "define", JOB, "slow_converts", "--sql",
+                        f"SELECT key, converted AS value, observed_at FROM {schema}.outcomes, "
+                        "pg_sleep(0.5) WHERE observed_at >= {since}", "--kind", "proportion",
+                        "--better", "higher")
+    assert defined.returncode == 0, defined.stderr
+    slow = with_settings(settings, metric_statement_timeout_ms=100)
+    status, found, stderr = _cutover(slow, "--strategy", "ab", "--metric", "slow_converts",
+                                     "--no-data-timeout", "2")
+    looks = found["looks"][1:]
+    assert status == 1 and "no usable evidence" in stderr, stderr
+    assert looks and all(look["verdict"] == "no_data" for look in looks[:-1]), looks
+    assert "statement timeout" in _last(found, "slow_converts")["error"], _last(
+        found, "slow_converts")
     assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
 
 
