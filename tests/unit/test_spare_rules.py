@@ -43,7 +43,7 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _sleeper(sleepers: list[subprocess.Popen[bytes]]) -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     sleepers.append(proc)
     return proc.pid
 
