@@ -202,14 +202,14 @@ def test_a_restore_cut_off_stays_restoring_and_starts_again(settings, topic: str
     _delete(settings, topic)
     env = {**os.environ, **settings.driver_environment(),
            "KAPPA_FAIL_POINTS": "restore.before_check=1*sleep(5000)"}
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "archive", "restore",
-                             topic], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stderr is not None
-    first = proc.stderr.readline()  # its records are produced; it waits here, then checks
-    assert "fail point restore.before_check: sleeping" in first, first
-    service.produce_sample(topic, 1, seed=152)
-    err = proc.stderr.read()
+    with subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "archive", "restore",
+                           topic], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True) as proc:  # its pipe is closed when done
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # its records are produced; it waits here, then checks
+        assert "fail point restore.before_check: sleeping" in first, first
+        service.produce_sample(topic, 1, seed=152)
+        err = proc.stderr.read()
     assert proc.wait(60) != 0 and "the log is not restored" in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not restoring() and topic not in _topics(settings)
