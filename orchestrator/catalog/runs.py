@@ -137,7 +137,11 @@ def set_quarantine_batch(conn: psycopg.Connection, schema: str, version_id: int,
 
 
 def note_reason(conn: psycopg.Connection, schema: str, version_id: int, attempt: int,
-                reason: str | None) -> None:
-    """Why an active run makes no progress (a retry), without changing its state."""
-    conn.execute(sql.SQL("UPDATE {} SET reason = %s WHERE version_id = %s AND attempt = %s")
-                 .format(qualified(schema, "runs")), (reason, version_id, attempt))
+                reason: str | None, *, while_active: bool = False) -> None:
+    """Why a run makes no progress, without changing its state. ``while_active``: only while
+    its driver is meant to run (a driver's own retry note), so that the reason of a run that
+    was failed meanwhile (a restore that found it read lost records) is never overwritten."""
+    active = [state.value for state in RunState if state.is_active or not while_active]
+    conn.execute(sql.SQL("UPDATE {} SET reason = %s WHERE version_id = %s AND attempt = %s "
+                         "AND state = ANY(%s)").format(qualified(schema, "runs")),
+                 (reason, version_id, attempt, active))

@@ -105,7 +105,7 @@ class BatchCommit:
         if self.retry_noted:
             with self.conn.transaction():
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
-                                 self.attempt, None)
+                                 self.attempt, None, while_active=True)
             self.retry_noted = False
         fail_point("batch.before_spark_commit")
 

@@ -109,7 +109,7 @@ class Retries:
             self.reconnect()
             with self.conn.transaction():
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
-                                 self.attempt, reason and reason[:500])
+                                 self.attempt, reason and reason[:500], while_active=True)
         except psycopg.Error:
             self.conn.close()
             return False
