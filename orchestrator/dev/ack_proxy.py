@@ -117,6 +117,7 @@ class _Connection:
                     if ack.error_code == 0 and ack.base_offset >= 0 and taken:
                         ledger.note(ack.topic, ack.partition, ack.base_offset + taken)
                 await self.group.durable()
+                fail_point("ack_proxy.before_forward")
             for topic in self.deletes.pop(correlation_id, ()):
                 # Whatever the outcome: a topic that survived is noted again by its next ack.
                 ledger.forget(topic)
