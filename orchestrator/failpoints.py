@@ -16,7 +16,10 @@ is used up the point is off. Actions:
 - ``raise``: raise :class:`FailPointError`, an error the driver counts towards the poison rule;
 - ``unreachable``: raise :class:`FailPointUnreachableError`, which the driver takes for an outage
   ("did not answer") and retries for as long as it lasts;
-- ``sleep(MS)``: pause this thread for MS milliseconds (to hold a window open for a test).
+- ``sleep(MS)``: pause this thread for MS milliseconds (to hold a window open for a test);
+- ``pause``: pause this thread until a file named after the point appears in the directory
+  ``KAPPA_FAIL_POINTS_RELEASE`` names (a window that a loaded machine cannot miss: the test
+  holds it open for as long as it needs, then releases it with :func:`release`).
 
 The launcher passes its environment to drivers, so a test sets the variable for the deploy or
 restart whose driver should fail, and a later restart without it runs clean.
@@ -29,13 +32,18 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.errors import ConfigError, KappaError
 
 log = logging.getLogger("kappa.failpoints")
 ENV = "KAPPA_FAIL_POINTS"
+RELEASE_ENV = "KAPPA_FAIL_POINTS_RELEASE"
 EXIT_STATUS = 86
-ACTIONS = ("off", "exit", "raise", "unreachable", "sleep")
+ACTIONS = ("off", "exit", "raise", "unreachable", "pause", "sleep")
+# A pause nobody releases ends after this: a test that forgot its release fails on its own
+# timeout, not by a process held for ever.
+PAUSE_LIMIT_S = 900.0
 # Every point the code checks: a name outside this list is a typo in a test.
 POINTS = (
     "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
@@ -140,3 +148,26 @@ def fail_point(name: str) -> None:
     if term.action == "sleep":
         log.warning("fail point %s: sleeping %d ms (%s)", name, term.milliseconds, ENV)
         time.sleep(term.milliseconds / 1000)
+    if term.action == "pause":
+        _pause(name)
+
+
+def _pause(name: str) -> None:
+    where = os.environ.get(RELEASE_ENV)
+    if not where:
+        raise ConfigError(f"{ENV}: {name}=pause needs {RELEASE_ENV}, a directory where the "
+                          "test releases the point by creating a file of its name")
+    released = Path(where) / name
+    log.warning("fail point %s: paused until %s exists (%s)", name, released, ENV)
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not released.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log.warning("fail point %s: released", name)
+
+
+def release(directory: Path, name: str) -> None:
+    """Lets every process paused at ``name`` (``pause``, with ``RELEASE_ENV`` = directory) go
+    on, and any that reaches it later."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fail point {name!r}")
+    (directory / name).touch()

@@ -20,7 +20,6 @@ from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
-SLEEP_MS = 15_000  # a window held open at a fail point: a kill fits in it
 
 
 def _log(service) -> str:
@@ -31,6 +30,7 @@ def _log(service) -> str:
 def test_postgres_killed_outside_a_batch_is_waited_out(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.dev import stack as dev_stack
+    from orchestrator.failpoints import release
     from orchestrator.spark import launcher
 
     def kill_postgres() -> None:
@@ -44,27 +44,33 @@ def test_postgres_killed_outside_a_batch_is_waited_out(
         service, topic = stack.service, "pageviews"
         service.produce_sample(topic, 30_000, seed=85)  # the first batch takes 10,000
         # The first batch holds still after its commit, and so does the first measurement of
-        # the lag after the catch-up: PostgreSQL dies in each window.
-        monkeypatch.setenv("KAPPA_FAIL_POINTS", f"batch.after_pg_commit=1*sleep({SLEEP_MS});"
-                                                f"driver.measure_lag=1*sleep({SLEEP_MS})")
+        # the lag after the catch-up, until the test lets each go on: PostgreSQL dies in each
+        # window, however long the kill takes on a loaded machine.
+        released = tmp_path / "released"
+        released.mkdir()
+        monkeypatch.setenv("KAPPA_FAIL_POINTS",
+                           "batch.after_pg_commit=1*pause;driver.measure_lag=1*pause")
+        monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(released))
         service.deploy(job_file(tmp_path, "v1", topic))
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
-        wait_until(lambda: "fail point batch.after_pg_commit: sleeping" in _log(service), 240,
+        wait_until(lambda: "fail point batch.after_pg_commit: paused" in _log(service), 240,
                    "the first batch's commit")
         driver = service.version_status(JOB, "v1").pid
         log_path = Path(service.version_status(JOB, "v1").log_path or "")
         # Down until the next batch has failed and the driver has tried to reconnect.
         kill_postgres()
+        release(released, "batch.after_pg_commit")
         wait_until(lambda: "cannot reconnect to the catalog yet" in log_path.read_text()
                    or not launcher.is_alive(driver, None), 120,
                    "the driver to try the catalog while PostgreSQL is down")
         assert launcher.is_alive(driver, None), (
             "the driver died while PostgreSQL was down:\n" + log_path.read_text()[-3000:])
         dev_stack.up(stack.state)
-        wait_until(lambda: "fail point driver.measure_lag: sleeping" in _log(service), 240,
+        wait_until(lambda: "fail point driver.measure_lag: paused" in _log(service), 240,
                    "the driver to reach the lag measurement")
         kill_postgres()
         dev_stack.up(stack.state)
+        release(released, "driver.measure_lag")
         try:
             st = service.wait(JOB, "v1", timeout_s=180)
         except Exception:

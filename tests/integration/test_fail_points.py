@@ -133,16 +133,33 @@ def test_caught_up_is_measured_on_a_timer_once_the_log_goes_quiet(
 
     Caught up and live are recorded at once: no reader sees a version that caught up but is
     not live (``wait`` returned one in CI when its poll fell between two transactions; the
-    second fail point holds that moment open)."""
+    second fail point holds that moment open until the test has looked)."""
+    from orchestrator.errors import KappaError
+    from orchestrator.failpoints import release
     from orchestrator.service import Orchestrator
 
     service = Orchestrator(settings)
     service.produce_sample(topic, 3_000, seed=84)
-    monkeypatch.setenv("KAPPA_FAIL_POINTS",
-                       "driver.measure_lag=1*raise;driver.going_live=1*sleep(3000)")
+    released = tmp_path / "released"
+    released.mkdir()
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "driver.measure_lag=1*raise;driver.going_live=1*pause")
+    monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(released))
     try:
         service.deploy(job_file(tmp_path, "v1", topic))
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
+
+        def driver_log() -> str:
+            path = service.version_status("pageview_counts", "v1").log_path
+            return Path(path).read_text() if path and Path(path).exists() else ""
+
+        wait_until(lambda: "fail point driver.going_live: paused" in driver_log(), 120,
+                   "caught_up to be recorded, not yet committed")
+        # Held between the two: nobody sees caught_up, and wait goes on waiting.
+        assert service.version_status("pageview_counts", "v1").state.value not in (
+            "caught_up", "live")
+        with pytest.raises(KappaError, match="has not caught up"):
+            service.wait("pageview_counts", "v1", timeout_s=3)
+        release(released, "driver.going_live")
         st = service.wait("pageview_counts", "v1", timeout_s=120)
         assert st.state.value == "live" and st.lag_records == 0
         log = Path(st.log_path or "").read_text()

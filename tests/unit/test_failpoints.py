@@ -80,6 +80,35 @@ def test_parse_reads_every_point() -> None:
         "driver.measure_lag": (Term("raise", None),),
         "quarantine.try": (Term("sleep", 1, 250),),
     }
+    assert parse("quarantine.try=1*pause") == {"quarantine.try": (Term("pause", 1),)}
+
+
+def test_a_paused_point_goes_on_once_released_and_only_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from orchestrator.failpoints import release
+
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=1*pause")
+    monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(tmp_path))
+    paused = threading.Thread(target=fail_point, args=("quarantine.try",))
+    paused.start()
+    paused.join(0.5)
+    assert paused.is_alive()
+    release(tmp_path, "driver.measure_lag")  # another point's release is not this one's
+    paused.join(0.3)
+    assert paused.is_alive()
+    release(tmp_path, "quarantine.try")
+    paused.join(5)
+    assert not paused.is_alive()
+
+
+def test_a_pause_without_its_release_directory_says_what_to_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=pause")
+    monkeypatch.delenv("KAPPA_FAIL_POINTS_RELEASE", raising=False)
+    with pytest.raises(ConfigError, match="KAPPA_FAIL_POINTS_RELEASE"):
+        fail_point("quarantine.try")
 
 
 def test_the_readme_lists_every_point() -> None:
