@@ -65,15 +65,17 @@ def decodings(catalog: CatalogAccess, *, prune: bool = False, dry_run: bool = Fa
 
 def restore(catalog: CatalogAccess, topics: Sequence[str],
             acknowledged: Mapping[str, Mapping[int, int]] | None,
-            restart: Callable[[str, str], object]) -> Any:
+            restart: Callable[[str, str], object],
+            deleted: Mapping[str, int] | None = None) -> Any:
     """Write archived topics that the broker does not hold back into it, offset for offset,
     checked against the manifest; report what a crash lost before the archive
-    (``acknowledged``: the lost broker's acknowledged ends, from the stack's ack ledger)."""
+    (``acknowledged``: the lost broker's acknowledged ends, ``deleted``: the topics its
+    clients deleted and when, from the stack's ack ledger)."""
     from orchestrator.archive.restore import Restorer
 
     with catalog.connection() as conn:
         report = Restorer(catalog.settings, conn, catalog.settings.require_services()[1]
-                          ).restore(topics, acknowledged or {})
+                          ).restore(topics, acknowledged or {}, deleted)
     # A driver that read the lost topic would fail on its new id: it starts again on it.
     for job, version in report.continuing:
         restart(job, version)

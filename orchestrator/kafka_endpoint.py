@@ -14,6 +14,11 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 
+# The client id of every client a restore uses: the embedded stack's ack proxy lets only the
+# restore through while it runs, and does not take the restore's own deletions (a topic whose
+# check failed) for a user's.
+RESTORE_CLIENT_ID_PREFIX = "kappa-restore-"
+
 __all__ = [
     "PASSWORD_VARIABLE",
     "SASL_MECHANISMS",

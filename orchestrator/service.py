@@ -24,6 +24,8 @@ from orchestrator.settings import Settings, load_settings
 from orchestrator.switch_desk import SwitchDesk
 from orchestrator.switching import Switchboard
 
+Acknowledged = Mapping[str, Mapping[int, int]] | None  # a lost broker's acknowledged ends
+
 __all__ = ["CRASHED", "DeployResult", "Orchestrator", "Progress", "checkpoint_location"]
 
 
@@ -156,9 +158,9 @@ class Orchestrator:
     def archive_decodings(self, *, prune: bool = False, dry_run: bool = False) -> list[Any]:
         return archiving.decodings(self.catalog, prune=prune, dry_run=dry_run)
 
-    def archive_restore(self, topics: Sequence[str] = (),
-                        acknowledged: Mapping[str, Mapping[int, int]] | None = None) -> Any:
-        return archiving.restore(self.catalog, topics, acknowledged, self.restart)
+    def archive_restore(self, topics: Sequence[str] = (), acknowledged: Acknowledged = None,
+                        deleted: Mapping[str, int] | None = None) -> Any:
+        return archiving.restore(self.catalog, topics, acknowledged, self.restart, deleted)
 
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,

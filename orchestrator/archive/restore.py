@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -37,7 +37,12 @@ from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import delete_topic, ensure_topic, log_identity
 from orchestrator.kafka.exact_producer import ExactProducer
 from orchestrator.kafka.offsets import log_bounds
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka_endpoint import (
+    RESTORE_CLIENT_ID_PREFIX,
+    Kafka,
+    KafkaEndpoint,
+    as_endpoint,
+)
 from orchestrator.log_identity import (
     LogIdentity,
     is_log_gone,
@@ -99,17 +104,23 @@ class RestoreReport:
 
 class Restorer:
     def __init__(self, settings: Settings, conn: psycopg.Connection, kafka: Kafka):
-        self.settings, self.conn, self.kafka = settings, conn, kafka
+        self.settings, self.conn, self.kafka = settings, conn, _as_restore_client(kafka)
         self.schema = settings.catalog_schema
         self.store = ParquetStore(archive_root(settings))
 
-    def restore(self, topics: Sequence[str] = (), acknowledged: Acknowledged | None = None
-                ) -> RestoreReport:
+    def restore(self, topics: Sequence[str] = (), acknowledged: Acknowledged | None = None,
+                deleted: Mapping[str, int] | None = None) -> RestoreReport:
         """Every archived topic the broker does not hold (or ``topics``), newest lineage.
-        ``acknowledged``: the ends the lost broker acknowledged (the stack's ack ledger)."""
+        ``acknowledged``: the ends the lost broker acknowledged, ``deleted``: the topics its
+        clients deleted, and when (epoch ms) (the stack's ack ledger)."""
         acknowledged = acknowledged or {}
         fail_point("restore.start")
         with self.conn.transaction():
+            for topic, at_ms in sorted((deleted or {}).items()):
+                # Deleted too soon before the crash for an archiver pass to see it.
+                if manifest.end_lineages_met_before(self.conn, self.schema, topic, at_ms):
+                    log.warning("%s was deleted on the lost broker: its archive's lineage "
+                                "ends, and no restore brings it back", topic)
             known = manifest.known_logs(self.conn, self.schema)
         newest = {k.identity.topic: k for k in known if not topics or k.identity.topic in topics}
         # Deleted on the broker before it was lost: never brought back.
@@ -145,7 +156,7 @@ class Restorer:
             restored.append(done)
             failed += self._fail_readers_of_losses(done)
         return RestoreReport(tuple(restored), tuple(kept), tuple(failed),
-                             self._continuing(restored), unarchived)
+                             self._continuing(restored), unarchived, ended)
 
     def _continuing(self, restored: Sequence[RestoredTopic]) -> tuple[tuple[str, str], ...]:
         readers = {(v.job, v.version): v for t in restored for v in self._readers(t.topic,
@@ -292,6 +303,16 @@ class Restorer:
                                       reason=reason)
                 failed.append(f"{version.job}/{version.version}: {reason}")
         return failed
+
+
+def _as_restore_client(kafka: Kafka) -> KafkaEndpoint:
+    """The restore's clients carry a restore's client id (the stack's ack proxy tells them by
+    it), unless the caller gave one (`kappa dev up` gives the one it lets through)."""
+    endpoint = as_endpoint(kafka)
+    if any(key == "client.id" for key, _ in endpoint.extra):
+        return endpoint
+    return replace(endpoint, extra=(*endpoint.extra,
+                                    ("client.id", f"{RESTORE_CLIENT_ID_PREFIX}cli")))
 
 
 def _planned_ends(version: DeployedVersion, topic: str) -> dict[str, int]:

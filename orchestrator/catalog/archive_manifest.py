@@ -123,6 +123,16 @@ def end_lineages(conn: psycopg.Connection, schema: str, identities: Sequence[Lin
                      (identity.cluster_id, identity.topic, identity.topic_id))
 
 
+def end_lineages_met_before(conn: psycopg.Connection, schema: str, topic: str,
+                            deleted_at_ms: int) -> int:
+    """A client deleted ``topic`` at ``deleted_at_ms`` (the stack's ack ledger saw it): end
+    its live lineages the archive met before then; how many."""
+    return conn.execute(
+        sql.SQL("UPDATE {} SET state = 'ended', ended_at = now() WHERE topic = %s AND "
+                "state = 'live' AND seen_at < to_timestamp(%s / 1000.0)").format(
+            qualified(schema, "archive_lineages")), (topic, deleted_at_ms)).rowcount
+
+
 def root_of(conn: psycopg.Connection, schema: str, identity: Lineage, partitions: int
             ) -> KnownLog:
     """The known log ``identity`` is: a topic met for the first time becomes a root."""

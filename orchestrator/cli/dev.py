@@ -71,11 +71,12 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
 
 
 def restore_into(settings: Settings, as_json: bool, reports: list[Any] | None = None
-                 ) -> Callable[[str, str, Any, str | None], None]:
+                 ) -> Callable[[str, str, Any, Any, str | None], None]:
     """What `kappa dev up` runs once the broker is up: the archived topics it lost are
     written back before the archiver starts, and what the lost broker acknowledged past the
     archive is named (the report goes to ``reports``)."""
-    def restore(pg_dsn: str, bootstrap: str, acknowledged: Any, client_id: str | None) -> None:
+    def restore(pg_dsn: str, bootstrap: str, acknowledged: Any, deleted: Any,
+                client_id: str | None) -> None:
         from dataclasses import replace
 
         from orchestrator.cli.archive import print_restore
@@ -86,7 +87,7 @@ def restore_into(settings: Settings, as_json: bool, reports: list[Any] | None = 
                                                    else []))
         report = Orchestrator(replace(settings, pg_dsn=pg_dsn, kafka_bootstrap=bootstrap,
                                       kafka_properties=properties)
-                              ).archive_restore(acknowledged=acknowledged)
+                              ).archive_restore(acknowledged=acknowledged, deleted=deleted)
         if not as_json:
             print_restore(report, quiet_if_nothing=True)
         if reports is not None:

@@ -7,9 +7,12 @@ makes it durable, before the producer hears of the acknowledgement. So after a c
 record a producer was told is safe is either in the archive or named, by offset, as lost.
 
 The file is a list of lines, appended and synced in groups: ``end <partition> <end> <topic>``,
-and ``forget <topic>`` when the topic was deleted. A line cut off by a crash is ignored: its
-acknowledgement was never sent. When the file grows past a bound it is rewritten as the ends it
-holds.
+and ``deleted <epoch ms> <topic>`` when a client deleted the topic (its ends so far are
+forgotten; the restore ends the archive's lineages of the topic met before that moment, so that
+a deletion the archiver had no pass to see is not undone). Older ledgers say ``forget <topic>``:
+the ends are forgotten, with no moment. A line cut off by a crash is ignored: its
+acknowledgement was never sent. When the file grows past a bound it is rewritten as the
+deletions and ends it holds.
 """
 
 from __future__ import annotations
@@ -18,32 +21,49 @@ import os
 from pathlib import Path
 
 Ends = dict[str, dict[int, int]]  # topic -> partition -> end offset
+Deletions = dict[str, int]  # topic -> when a client last deleted it (epoch milliseconds)
 COMPACT_AFTER_BYTES = 4 << 20
 
 
 def read_ledger(path: Path) -> Ends:
     """The ends a ledger holds; nothing for a file that does not exist."""
+    return _read(path)[0]
+
+
+def read_deletions(path: Path) -> Deletions:
+    """The topics a ledger saw deleted, and when."""
+    return _read(path)[1]
+
+
+def _read(path: Path) -> tuple[Ends, Deletions]:
     ends: Ends = {}
+    deletions: Deletions = {}
     try:
         text = path.read_bytes().decode("utf-8", "replace")
     except FileNotFoundError:
-        return ends
+        return ends, deletions
     lines = text.split("\n")
     for line in lines[:-1]:  # the last is empty, or cut off before its acknowledgement
         kind, _, rest = line.partition(" ")
         if kind == "forget":
             ends.pop(rest, None)
+        elif kind == "deleted":
+            at, topic = rest.split(" ", 1)
+            ends.pop(topic, None)
+            deletions[topic] = max(deletions.get(topic, 0), int(at))
         elif kind == "end":
             partition, end, topic = rest.split(" ", 2)
             noted = ends.setdefault(topic, {})
             noted[int(partition)] = max(noted.get(int(partition), 0), int(end))
-    return ends
+    return ends, deletions
 
 
-def as_lines(ends: Ends) -> str:
-    """A ledger holding just ``ends``."""
-    return "".join(f"end {p} {e} {t}\n" for t, partitions in sorted(ends.items())
-                   for p, e in sorted(partitions.items()))
+def as_lines(ends: Ends, deletions: Deletions | None = None) -> str:
+    """A ledger holding just ``deletions`` and ``ends``: the deletions first, since a deletion
+    forgets the ends before it."""
+    return "".join([*(f"deleted {at} {t}\n" for t, at in sorted((deletions or {}).items())),
+                    *(f"end {p} {e} {t}\n" for t, partitions in sorted(ends.items())
+                      for p, e in sorted(partitions.items()))])
 
 
 def merge(*ledgers: Ends) -> Ends:
@@ -61,7 +81,7 @@ class AckLedger:
 
     def __init__(self, path: Path):
         self.path = path
-        self.ends = read_ledger(path)
+        self.ends, self.deletions = _read(path)
         self._pending: list[str] = []
         self._file = path.open("ab")
 
@@ -77,13 +97,18 @@ class AckLedger:
         if self.ends.pop(topic, None) is not None:
             self._pending.append(f"forget {topic}\n")
 
+    def deleted(self, topic: str, at_ms: int) -> None:
+        self.ends.pop(topic, None)
+        self.deletions[topic] = max(self.deletions.get(topic, 0), at_ms)
+        self._pending.append(f"deleted {at_ms} {topic}\n")
+
     def take(self) -> tuple[str, str | None]:
         """The lines noted since the last take, and the whole ledger's lines when the file is
         due to be rewritten (called on the thread that notes, so nothing is noted meanwhile)."""
         lines, self._pending = "".join(self._pending), []
         snapshot = None
         if self._file.tell() > COMPACT_AFTER_BYTES:
-            snapshot = as_lines(self.ends)
+            snapshot = as_lines(self.ends, self.deletions)
         return lines, snapshot
 
     def write(self, lines: str, snapshot: str | None = None) -> None:

@@ -3,8 +3,10 @@
 Every client of the stack's broker talks to it through this process, which passes the bytes on
 unchanged, with one exception: a Produce response is held until the ends it acknowledges are
 durable in the ack ledger (ack_ledger.py). Acknowledgements that arrive together are synced
-together, so the wait is one fsync per group, not per batch. A DeleteTopics response forgets
-the ends of the topics it names (a topic of that name starts again at offset 0).
+together, so the wait is one fsync per group, not per batch. A DeleteTopics response that
+deleted a topic forgets its ends (a topic of that name starts again at offset 0) and notes the
+deletion, durable before the client hears of it, so that a restore after a crash does not bring
+the topic back (unless the restore itself deleted it: its clients' ids say so).
 
 Run as ``python -m orchestrator.dev.ack_proxy LISTEN_PORT BROKER_PORT LEDGER [HELD]``; `kappa
 dev up` starts it. While the file HELD names a client id, only connections whose first request
@@ -20,12 +22,14 @@ import logging
 import signal
 import struct
 import sys
+import time
 from pathlib import Path
 
 from orchestrator.dev.ack_ledger import AckLedger
 from orchestrator.dev.held_clients import held_client_id
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka import wire
+from orchestrator.kafka_endpoint import RESTORE_CLIENT_ID_PREFIX
 
 HOST = "127.0.0.1"
 _SIZE = struct.Struct(">i")
@@ -86,7 +90,8 @@ class _Connection:
         self.group = group
         # correlation id -> Produce version and (topic, partition) -> offsets it takes
         self.produces: dict[int, tuple[int, dict[tuple[str, int], int]]] = {}
-        self.deletes: dict[int, list[str]] = {}
+        # correlation id -> DeleteTopics version, and whether a restore's client sent it
+        self.deletes: dict[int, tuple[int, bool]] = {}
 
     async def requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
                        first: bytes | None = None) -> None:
@@ -99,7 +104,10 @@ class _Connection:
                     self.produces[header.correlation_id] = (header.api_version, counts)
             elif api_key == wire.DELETE_TOPICS:
                 header, _ = wire.request_header(message)
-                self.deletes[header.correlation_id] = wire.deleted_topics(message)
+                wire.deleted_topics(message)  # a version it cannot read closes the connection
+                by_restore = (wire.request_client_id(message) or "").startswith(
+                    RESTORE_CLIENT_ID_PREFIX)
+                self.deletes[header.correlation_id] = (header.api_version, by_restore)
             broker.write(_SIZE.pack(len(message)) + message)
             await broker.drain()
 
@@ -118,11 +126,25 @@ class _Connection:
                         ledger.note(ack.topic, ack.partition, ack.base_offset + taken)
                 await self.group.durable()
                 fail_point("ack_proxy.before_forward")
-            for topic in self.deletes.pop(correlation_id, ()):
-                # Whatever the outcome: a topic that survived is noted again by its next ack.
-                ledger.forget(topic)
+            deleting = self.deletes.pop(correlation_id, None)
+            if deleting is not None:
+                await self._note_deletions(message, *deleting)
             client.write(_SIZE.pack(len(message)) + message)
             await client.drain()
+
+
+    async def _note_deletions(self, message: bytes, version: int, by_restore: bool) -> None:
+        ledger = self.group.ledger
+        at_ms = int(time.time() * 1000)
+        deleted = [t for t, error in wire.delete_outcomes(message, version).items() if not error]
+        for topic in deleted:
+            # A topic a restore deleted (to restore it again) is the archive's still.
+            if by_restore:
+                ledger.forget(topic)
+            else:
+                ledger.deleted(topic, at_ms)
+        if deleted:
+            await self.group.durable()
 
 
 async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,

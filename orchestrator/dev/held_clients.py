@@ -16,8 +16,10 @@ import os
 import secrets
 from pathlib import Path
 
+from orchestrator.kafka_endpoint import RESTORE_CLIENT_ID_PREFIX
+
 HELD_FILE = "clients-held"
-CLIENT_ID_PREFIX = "kappa-restore-"
+CLIENT_ID_PREFIX = RESTORE_CLIENT_ID_PREFIX
 
 
 def held_path(dev: Path) -> Path:

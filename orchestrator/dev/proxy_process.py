@@ -15,7 +15,14 @@ from typing import Any
 
 import psutil
 
-from orchestrator.dev.ack_ledger import Ends, as_lines, merge, read_ledger
+from orchestrator.dev.ack_ledger import (
+    Deletions,
+    Ends,
+    as_lines,
+    merge,
+    read_deletions,
+    read_ledger,
+)
 from orchestrator.dev.held_clients import held_path
 from orchestrator.dev.logs import tail
 from orchestrator.dev.processes import HOST, exited, listens, live_process, poll, stop
@@ -61,8 +68,11 @@ def retire_ledger(dev: Path, record: dict[str, Any]) -> None:
         return
     if lost.exists():
         merged = merge(read_ledger(lost), read_ledger(current))
+        deletions = {**read_deletions(lost)}
+        for topic, at_ms in read_deletions(current).items():
+            deletions[topic] = max(deletions.get(topic, 0), at_ms)
         tmp = lost.with_suffix(".tmp")
-        tmp.write_text(as_lines(merged))
+        tmp.write_text(as_lines(merged, deletions))
         tmp.replace(lost)
         current.unlink()
     else:
@@ -71,3 +81,7 @@ def retire_ledger(dev: Path, record: dict[str, Any]) -> None:
 
 def lost_broker_acks(dev: Path) -> Ends:
     return read_ledger(lost_ledger_path(dev))
+
+
+def lost_broker_deletions(dev: Path) -> Deletions:
+    return read_deletions(lost_ledger_path(dev))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.dev.ack_ledger import Ends
+from orchestrator.dev.ack_ledger import Deletions, Ends
 from orchestrator.dev.archiver_process import start_archiver, stop_archiver
 from orchestrator.dev.broker_process import BROKER_HOST, start_broker
 from orchestrator.dev.held_clients import held_client_id, held_path, hold, release
@@ -35,6 +35,7 @@ from orchestrator.dev.processes import live_process, stop
 from orchestrator.dev.proxy_process import KEYS as _PROXY_KEYS
 from orchestrator.dev.proxy_process import (
     lost_broker_acks,
+    lost_broker_deletions,
     lost_ledger_path,
     retire_ledger,
     start_proxy,
@@ -54,11 +55,11 @@ _ARCHIVER_KEYS = ("archiver_pid", "archiver_cmdline")
 MEMORY, S3, ARCHIVED = "memory", "s3", "archive"
 DURABLE = ARCHIVED
 STORAGES = (ARCHIVED, MEMORY, S3)
-# Called by up() with (pg_dsn, bootstrap, the lost broker's acknowledged ends) once the broker
-# runs and before the archiver starts: it writes the archived topics back into a broker that
-# lost them, and names what was acknowledged and lost.
-# (PostgreSQL DSN, bootstrap, the lost broker's acknowledged ends, the client id to use)
-Restore = Callable[[str, str, Ends, str | None], None]
+# Called by up() once the broker runs and before the archiver starts, with (PostgreSQL DSN,
+# bootstrap, the lost broker's acknowledged ends, the topics its clients deleted and when, the
+# client id to use): it writes the archived topics back into a broker that lost them, and names
+# what was acknowledged and lost.
+Restore = Callable[[str, str, Ends, Deletions, str | None], None]
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
             if archiver is None:
                 if restore is not None:
                     restore(record["pg_dsn"], record["kafka_bootstrap"], lost_broker_acks(dev),
-                            held_client_id(held_path(dev)))
+                            lost_broker_deletions(dev), held_client_id(held_path(dev)))
                     lost_ledger_path(dev).unlink(missing_ok=True)
                 release(dev)
                 record.update(start_archiver(state_dir, record["pg_dsn"],

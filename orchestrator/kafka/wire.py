@@ -196,6 +196,29 @@ def produce_acks(message: bytes | memoryview, version: int) -> tuple[int, list[P
     return correlation_id, acks
 
 
+def delete_outcomes(message: bytes | memoryview, version: int) -> dict[str, int]:
+    """What a DeleteTopics response (v0 to v5) says of each topic: its error code, 0 when the
+    topic was deleted."""
+    if not 0 <= version <= 5:
+        raise WireError(f"not a DeleteTopics response of v0 to v5: v{version}")
+    flexible = version >= _DELETE_FLEXIBLE
+    reader = _Reader(message)
+    reader.int32()  # correlation id
+    if flexible:
+        reader.skip_tags()
+    if version >= 1:
+        reader.int32()  # throttle time
+    outcomes = {}
+    for _ in range(reader.array_length(flexible)):
+        topic = reader.string(flexible) or ""
+        outcomes[topic] = reader.int16()
+        if version >= 5:
+            reader.string(flexible)  # error message
+        if flexible:
+            reader.skip_tags()
+    return outcomes
+
+
 def deleted_topics(message: bytes | memoryview) -> list[str]:
     """The topic names a DeleteTopics request (v0 to v5) removes."""
     header, reader = request_header(message)

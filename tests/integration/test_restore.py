@@ -158,6 +158,67 @@ def test_a_deleted_topic_is_never_restored(settings, topic: str) -> None:
     assert restored["records"] == 200, restored
 
 
+def test_a_topic_deleted_before_any_archiver_pass_saw_it_is_not_restored(
+        settings, topic: str, tmp_path) -> None:
+    """#47, path 2, the deletion no archiver pass saw: a topic deleted through the stack's ack
+    proxy and created again, then the broker lost before the archiver's next pass. The ledger
+    kept the deletion, so the restore ends the old lineage: the old records do not come back
+    into the new topic, and what the new topic was acknowledged is reported lost. The restore's
+    own clients delete without ending anything (the other topic is restored)."""
+    import psutil
+
+    from orchestrator.dev.broker_process import start_broker
+    from orchestrator.dev.processes import live_process
+    from orchestrator.dev.proxy_process import (
+        lost_broker_acks,
+        lost_broker_deletions,
+        retire_ledger,
+    )
+    from orchestrator.kafka.admin import topic_names
+    from orchestrator.service import Orchestrator
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    brokers: list = []
+
+    def broker() -> object:
+        # In memory, behind its ack proxy, as `kappa dev up` starts it; the same cluster id.
+        started = start_broker(dev, None, None, archived=True)
+        brokers.append(started)
+        return replace(settings, kafka_bootstrap=started["kafka_bootstrap"])
+
+    other = f"{topic}_other"
+    try:
+        first = broker()
+        service = Orchestrator(first)
+        for name, count, seed in ((topic, 500, 152), (other, 300, 153)):
+            service.produce_sample(name, count, seed=seed)
+            assert _run(first, name) == 0
+        _delete(first, topic)
+        service.produce_sample(topic, 50, seed=154)  # the name again, not archived yet
+        lost = brokers[0]
+        psutil.Process(lost["broker_pid"]).kill()
+        retire_ledger(dev, lost)
+        assert lost_broker_deletions(dev).keys() == {topic}
+
+        second = broker()
+        report = Orchestrator(second).archive_restore(
+            acknowledged=lost_broker_acks(dev), deleted=lost_broker_deletions(dev))
+        assert report.ended == (topic,), report
+        assert [(t.topic, t.records) for t in report.restored] == [(other, 300)], report
+        assert topic not in topic_names(second.kafka)
+        assert {r.topic for r in report.unarchived} == {topic}, report
+        assert all(r.first_offset == 0 for r in report.unarchived), report
+        assert sum(r.end_offset for r in report.unarchived) == 50, report
+    finally:
+        for started in brokers:
+            for name in ("broker", "proxy"):
+                process = live_process(started, name)
+                if process is not None:
+                    process.kill()
+                    process.wait(30)
+
+
 def test_a_restore_cut_off_stays_restoring_and_starts_again(settings, topic: str) -> None:
     """A restore killed after it produced a topic's records and before it read them back: the
     topic stays `restoring` (the archiver leaves it alone), and the next restore deletes it and

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator.dev import ack_ledger
-from orchestrator.dev.ack_ledger import AckLedger, merge, read_ledger
+from orchestrator.dev.ack_ledger import AckLedger, merge, read_deletions, read_ledger
 from orchestrator.kafka import wire
 
 
@@ -116,6 +116,44 @@ def test_a_delete_topics_request_names_its_topics(version: int) -> None:
                + (b"\x00" if flexible else b"") + _array(2, flexible)
                + _string("a", flexible) + _string("b.c", flexible) + struct.pack(">i", 100))
     assert wire.deleted_topics(request) == ["a", "b.c"]
+
+
+@pytest.mark.parametrize("version", [0, 1, 4, 5])
+def test_a_delete_topics_response_says_which_topics_were_deleted(version: int) -> None:
+    flexible = version >= 4
+    tags = b"\x00" if flexible else b""
+    response = struct.pack(">i", 7) + tags + (struct.pack(">i", 0) if version >= 1 else b"")
+    response += _array(2, flexible)
+    for topic, error in (("a", 0), ("b.c", 3)):  # 3: UNKNOWN_TOPIC_OR_PARTITION
+        response += _string(topic, flexible) + struct.pack(">h", error)
+        response += (_string(None, flexible) if version >= 5 else b"") + tags
+    assert wire.delete_outcomes(response + tags, version) == {"a": 0, "b.c": 3}
+    with pytest.raises(wire.WireError, match="v6"):
+        wire.delete_outcomes(response, 6)
+
+
+def test_a_deletion_forgets_the_ends_before_it_and_is_kept_when_compacted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#47, path 2: the ledger keeps when a client deleted a topic, so that a restore after a
+    crash ends the archive's lineage even when no archiver pass saw the deletion."""
+    path = tmp_path / "acks"
+    ledger = AckLedger(path)
+    ledger.note("t", 0, 500)
+    ledger.deleted("t", 1_000)
+    ledger.note("t", 0, 20)  # the name again: a new topic
+    ledger.deleted("u", 2_000)
+    ledger.write(*ledger.take())
+    assert read_ledger(path) == {"t": {0: 20}}
+    assert read_deletions(path) == {"t": 1_000, "u": 2_000}
+    monkeypatch.setattr(ack_ledger, "COMPACT_AFTER_BYTES", 0)
+    ledger.note("t", 1, 7)
+    ledger.write(*ledger.take())  # rewritten as its deletions, then its ends
+    ledger.close()
+    assert read_ledger(path) == {"t": {0: 20, 1: 7}}
+    assert read_deletions(path) == {"t": 1_000, "u": 2_000}
+    reopened = AckLedger(path)
+    reopened.close()
+    assert reopened.deletions == {"t": 1_000, "u": 2_000}
 
 
 def test_the_ledger_keeps_the_highest_end_and_survives_a_line_cut_off(tmp_path: Path) -> None:
