@@ -72,9 +72,10 @@ with DAG(
     wait = KappaCaughtUpSensor(
         task_id="wait_caught_up", job=request["job"], version=request["version"],
         max_lag=request["max_lag"], max_wait_minutes=request["catch_up_timeout_minutes"])
+    # The DAG's retries: a failed check fails at once (AirflowFailException); a start that
+    # timed out, or a service away, is tried again.
     validate = KappaValidateOperator(task_id="validate", job=request["job"],
-                                     version=request["version"], alias=request["alias"],
-                                     retries=0)
+                                     version=request["version"], alias=request["alias"])
     cutover = KappaCutoverOperator(
         task_id="ramp_and_promote", job=request["job"], version=request["version"],
         ramp=request["ramp"], soak_seconds=request["soak_seconds"], alias=request["alias"],

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -110,6 +111,11 @@ def standalone(env: dict[str, str]) -> Iterator[str]:
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+        # A task's calls to the execution API give up after 5 s and 5 tries (~30-40 s in all) by
+        # default. On two cores that the suite keeps busy, the one API worker took 20 s to answer
+        # a task's first call (PATCH .../run, logged as 400: the client had hung up); a longer
+        # stall fails the task before its code runs. 30 s, as the tests' own reads.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
     })
     home = Path(env["AIRFLOW_HOME"])
     with open(home / "standalone.out", "wb") as sink:
@@ -170,5 +176,10 @@ def api(url: str, tok: str, path: str, body: dict[str, Any] | None = None,
         f"{url}/api/v2{path}", data=json.dumps(body).encode() if body is not None else None,
         method=method or ("POST" if body is not None else "GET"),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {tok}"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # with what the API said, not only its status
+        raise urllib.error.HTTPError(
+            exc.url, exc.code, f"{exc.reason} ({request.method} {path}): "
+            f"{exc.read().decode(errors='replace')[:2000]}", exc.headers, None) from exc

@@ -47,7 +47,7 @@ def test_every_dag_loads_quickly_and_cleanly(settings, tmp_path: Path) -> None:
 import json, runpy, sys, time
 import airflow.sdk
 from airflow.sdk import DAG
-found, slowest = {{}}, 0.0
+found, retries, slowest = {{}}, {{}}, 0.0
 for path in sorted(__import__("pathlib").Path({str(ROOT / "dags")!r}).glob("*.py")):
     start = time.perf_counter()
     namespace = runpy.run_path(str(path))
@@ -55,8 +55,9 @@ for path in sorted(__import__("pathlib").Path({str(ROOT / "dags")!r}).glob("*.py
     for value in namespace.values():
         if isinstance(value, DAG):
             found[value.dag_id] = sorted(value.task_ids)
+            retries[value.dag_id] = {{t.task_id: t.retries for t in value.tasks}}
 drivers = sorted(m for m in {sorted(DRIVERS)!r} if m in sys.modules)
-print(json.dumps({{"dags": found, "slowest": slowest, "drivers": drivers}}))
+print(json.dumps({{"dags": found, "retries": retries, "slowest": slowest, "drivers": drivers}}))
 """
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                           text=True, check=True, timeout=120)
@@ -65,6 +66,11 @@ print(json.dumps({{"dags": found, "slowest": slowest, "drivers": drivers}}))
     assert result["dags"]["kappa_reprocess"] == [
         "check_conf", "deploy", "ramp_and_promote", "retire_previous", "roll_back_unfinished",
         "validate", "wait_caught_up"]
+    # The first task keeps the DAG's retries: under load a task's start can fail before its
+    # code runs (its calls to the API server time out), and with none it failed every later
+    # task (upstream_failed). A mistake in the conf still fails at once (AirflowFailException).
+    checks = {t: result["retries"]["kappa_reprocess"][t] for t in ("check_conf", "validate")}
+    assert checks == {"check_conf": 2, "validate": 2}, result["retries"]
     assert result["drivers"] == []  # database, broker and Spark load when a task runs
     # Far under Airflow's dagbag_import_timeout (30 s) even on a loaded machine; what keeps
     # parsing fast is asserted above: no database, broker or Spark library at parse time.
