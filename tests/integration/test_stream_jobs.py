@@ -72,7 +72,7 @@ def _processed(service: Any, job: str, version: str) -> tuple[Any, int]:
 
 # Enough for each small-batch replay to span 3 to 15 batches, so that its kill lands
 # mid-replay; more records add CPU time, not cases.
-PAGEVIEWS, PROFILES = 70_000, 14_000
+PAGEVIEWS, PROFILES = 49_000, 14_000
 
 
 def test_examples_replay_exactly_whatever_the_batches_kills_and_live_traffic(
