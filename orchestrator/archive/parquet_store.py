@@ -104,8 +104,10 @@ class ParquetStore:
         try:
             return pq.read_table(location, filesystem=self.fs, schema=SCHEMA)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise ArchiveError(f"cannot read segment {location} ({exc}): it is gone or "
-                               "damaged; run `kappa archive verify`") from exc
+            # The store's own error first: a reason cut to length keeps it.
+            raise ArchiveError(f"cannot read a segment: {exc} (segment {location}): the store "
+                               "was away, or the segment is gone or damaged; once the "
+                               "store answers, run `kappa archive verify`") from exc
 
     def read_bytes(self, relative: str) -> pa.Buffer:
         """A file's bytes, to check against its manifest checksum before it is parsed."""

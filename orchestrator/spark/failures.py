@@ -27,6 +27,10 @@ _OUTAGE = re.compile(
     r"did not answer|made no progress|terminating connection|"
     r"AWS Error (?:NETWORK_CONNECTION|SERVICE_UNAVAILABLE|SLOW_DOWN|REQUEST_TIMEOUT)",
     re.IGNORECASE)
+# An object store that refuses the archive's credentials or key: asking again cannot help.
+_STORE_REFUSED = re.compile(
+    r"AWS Error (?:ACCESS_DENIED|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH|"
+    r"INVALID_SIGNATURE|UNRECOGNIZED_CLIENT|MISSING_AUTHENTICATION_TOKEN|EXPIRED_TOKEN)")
 # "SomeError: message" lines of a Python traceback, as Spark relays them.
 _PYTHON_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 
@@ -103,12 +107,21 @@ def spark_reason(exc: BaseException) -> str:
 def job_error(exc: BaseException) -> JobError | None:
     """A JobError raised in the sink reaches us wrapped in Spark's StreamingQueryException;
     so do the log changed under the version and an archive segment gone or damaged: running
-    the batch again cannot help either."""
+    the batch again cannot help either. A segment that could not be read because the object
+    store holding it is away (its network error, 503, throttling) is none of these: an
+    outage, waited out. A store that refuses the credentials is, wherever it was asked."""
     if isinstance(exc, JobError):
         return exc
+    refused = next((line.strip() for line in str(exc).splitlines()
+                    if _STORE_REFUSED.search(line)), None)
+    if refused is not None:
+        return JobError(f"the object store of the archive refused this driver: "
+                        f"{refused[:600]}; fix its credentials (AWS_ACCESS_KEY_ID and "
+                        "AWS_SECRET_ACCESS_KEY in the drivers' environment, or archive_root's), "
+                        "then `kappa restart JOB VERSION`")
     for line in str(exc).splitlines():
         for marker in ("JobError:", "LogChangedError:", "ArchiveError:"):
-            if marker in line:
+            if marker in line and not (marker == "ArchiveError:" and _OUTAGE.search(line)):
                 return JobError(line.split(marker, 1)[1].strip()[:1000])
     return None
 
