@@ -132,12 +132,13 @@ def test_restart_runs_the_deployed_code_and_folding_keeps_the_books(
     # Batches of 300 records, and only the 5 latest batch records kept in full.
     service = Orchestrator(replace(settings, max_batch_records=300, chunk_records=300,
                                    batches_kept=5))
-    service.produce_sample(topic, 20_000, seed=72)
+    # About 34 batches: more than 20 folded away past the 5 kept (and the kill's window).
+    service.produce_sample(topic, 10_000, seed=72)
     path = tmp_path / "books.py"
     path.write_text(BOOKS.format(topic=topic, weight=1))
     try:
         service.deploy(path)
-        _kill_past(service, "books", 8_000)
+        _kill_past(service, "books", 4_000)
         # The job's file changes after the deploy: a restart still runs the deployed code.
         path.write_text(BOOKS.format(topic=topic, weight=1).replace(
             'F.count(F.lit(1)).alias("views")', 'F.sum(F.lit(2)).alias("views")'))
