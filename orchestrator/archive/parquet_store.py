@@ -105,8 +105,8 @@ class ParquetStore:
             return pq.read_table(location, filesystem=self.fs, schema=SCHEMA)
         except (OSError, pa.ArrowInvalid) as exc:
             # The store's own error first: a reason cut to length keeps it.
-            raise ArchiveError(f"cannot read a segment: {exc} (segment {location}): the store "
-                               "was away, or the segment is gone or damaged; once the "
+            raise ArchiveError(f"cannot read a segment: {str(exc)[:300]} (segment {location}): "
+                               "the store was away, or the segment is gone or damaged; once the "
                                "store answers, run `kappa archive verify`") from exc
 
     def read_bytes(self, relative: str) -> pa.Buffer:
@@ -116,8 +116,9 @@ class ParquetStore:
             with self.fs.open_input_file(location) as stream:
                 return stream.read_buffer()
         except (OSError, pa.ArrowInvalid) as exc:
-            raise ArchiveError(f"cannot read {location} ({exc}): it is gone or damaged; run "
-                               "`kappa archive verify`") from exc
+            raise ArchiveError(f"cannot read a file: {str(exc)[:300]} (file {location}): the "
+                               "store was away, or the file is gone or damaged; once the store "
+                               "answers, run `kappa archive verify`") from exc
 
     def remove_tree(self, directory: str) -> None:
         """Delete ``directory`` and all under it (absent: nothing to do)."""
