@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("archive")]
 
@@ -69,6 +70,14 @@ def _settings(cwd: Path) -> object:
     return load_settings(flags={"state_dir": str(cwd / ".kappa")}, env={}, cwd=cwd)
 
 
+def _pending(pid: int, sig: signal.Signals) -> bool:
+    """Whether ``sig`` waits to be delivered to the (stopped) process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    masks = [int(line.split()[1], 16) for line in status.splitlines()
+             if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & (1 << (sig - 1)) for mask in masks)
+
+
 def _durable_cycle(cwd: Path) -> list[object]:
     """`kappa dev down`, `kappa dev up`: the log is the same, record for record."""
     from reference import read_records
@@ -80,7 +89,8 @@ def _durable_cycle(cwd: Path) -> list[object]:
     assert status["storage"] == "archive" and [s["name"] for s in status["services"]] == [
         "postgres", "broker", "ack proxy", "archiver"]
     # Records the archiver has not seen when `kappa dev down` starts (it was stopped while they
-    # were written): down stops the archiver first, whose last pass archives them while the
+    # were written, and goes on only once down has sent it SIGTERM, so no ordinary pass can
+    # take them first): down stops the archiver first, whose last pass archives them while the
     # broker still runs, so they come back.
     archiver = psutil.Process(next(s["pid"] for s in status["services"]
                                    if s["name"] == "archiver"))
@@ -89,9 +99,20 @@ def _durable_cycle(cwd: Path) -> list[object]:
         tail = _kappa(cwd, "produce-sample", "--topic", "tail", "--count", "1000", "--seed", "78")
         assert tail.returncode == 0, tail.stderr
         tail_before = read_records(settings.kafka_bootstrap, "tail")  # type: ignore[attr-defined]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+        with subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "dev", "down"],
+                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as going_down:
+            try:
+                wait_until(lambda: _pending(archiver.pid, signal.SIGTERM), 120,
+                           "`kappa dev down` to send the archiver SIGTERM", poll_s=0.1)
+            finally:
+                archiver.resume()
+            out, err = going_down.communicate(timeout=900)
     finally:
-        archiver.resume()
-    down = _kappa(cwd, "dev", "down")
+        if archiver.is_running():
+            archiver.resume()
+    down = subprocess.CompletedProcess(going_down.args, going_down.returncode, out, err)
     assert down.returncode == 0, down.stderr
     assert "stopped pageview_counts v2" in down.stdout  # v1 was retired by the story
     stopped = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
