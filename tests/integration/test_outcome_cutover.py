@@ -339,10 +339,13 @@ def _a_promql_metric_judges_by_the_applications_counters_in_prometheus(
                                 ('widget_reads_total{served_by="v1"}[1m]', "gives a matrix")):
                 with pytest.raises(PromQLError, match=says):
                     reader.value(query, datetime.now(UTC))
+        found = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
+        away = _prometheus_away_during_a_running_cutover(deployed, counted, tmp_path,
+                                                         f"127.0.0.1:{port}")
     finally:
         server.shutdown()
         server.server_close()
-    found = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
+    print(f"Prometheus away: {len(away)} looks, no_data: {away[0]}")
     assert done.returncode == 1 and "rolled back" in done.stderr, done.stderr
     evidence = _last(found, "prom_converts")
     print(f"PromQL look: {evidence}; served {app.served}")
@@ -351,6 +354,62 @@ def _a_promql_metric_judges_by_the_applications_counters_in_prometheus(
         assert 200 <= evidence[arm]["count"] <= app.served[version], (evidence, app.served)
     assert evidence["candidate"]["mean"] < evidence["baseline"]["mean"], evidence
     assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
+
+
+def _prometheus_away_during_a_running_cutover(deployed, counted: Any, tmp_path: Path,
+                                              target: str) -> list[Any]:
+    """#47: Prometheus goes away while a PromQL cutover runs (an A/A test: it does not decide
+    meanwhile). Its looks had evidence; every look after is no_data, saying that Prometheus
+    did not answer, and the no-data timeout rolls back. The looks' errors, in order."""
+    from conftest import with_settings
+    from integration.observability import prometheus
+
+    settings, service, schema, keys = deployed
+    (tmp_path / "away").mkdir()
+    app = Application(settings, schema, keys, {"v1": 0.30, "v2": 0.30},
+                      {"v1": 0.05, "v2": 0.05}, seed=29, on_read=counted)
+    app.start()
+    cutover = None
+    try:
+        with prometheus(tmp_path / "away", target) as url:
+            prom = with_settings(settings, prometheus_url=url)
+            cutover = subprocess.Popen(
+                [str(Path(sys.executable).with_name("kappa")), "cutover", JOB, "v2", *FAST,
+                 "--strategy", "ab", "--metric", "prom_converts", "--start-percent", "50",
+                 "--max-duration", "600", "--no-data-timeout", "15", "--alpha", "0.001"],
+                env={**os.environ, **prom.driver_environment()}, cwd=ROOT,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+            def looked() -> bool:
+                assert cutover is not None and cutover.poll() is None, cutover.communicate()
+                found = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
+                return found["version"] == "v2" and found["status"] == "running" and any(
+                    _metric(look, "prom_converts")["error"] is None
+                    and _metric(look, "prom_converts")["candidate"]["count"] > 0
+                    for look in found["looks"][1:])
+
+            wait_until(looked, 120, "a look with Prometheus's evidence", poll_s=0.5)
+        stopped_at = datetime.now(UTC)  # Prometheus is gone: the cutover goes on without it
+        _, stderr = cutover.communicate(timeout=120)
+    finally:
+        app.stop()
+        if cutover is not None and cutover.returncode is None:
+            cutover.kill()
+            cutover.communicate()
+    assert cutover.returncode == 1 and "no usable evidence" in stderr, stderr
+    found = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
+    after = [look for look in found["looks"][1:]
+             if datetime.fromisoformat(str(look["at"])) > stopped_at]
+    assert after and all(look["verdict"] in ("no_data", "roll_back") for look in after), after
+    errors = [_metric(look, "prom_converts")["error"] for look in after]
+    assert all(e and "did not answer" in e for e in errors), errors
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
+    return errors
+
+
+def _metric(look: dict[str, Any], metric: str) -> dict[str, Any]:
+    (evidence,) = [m for m in look["evidence"]["metrics"] if m["metric"] == metric]
+    return evidence
 
 
 def _a_running_test_is_on_the_dashboard(deployed, tmp_path: Path) -> None:
