@@ -32,21 +32,25 @@ DSN_VARIABLE = "KAPPA_PG_DSN"
 
 @dataclass(frozen=True)
 class Settings:
-    state_dir: Path = Path(".kappa")
+    state_dir: Path = Path(".kappa")  # drivers' logs, checkpoints, the embedded stack's state
+    # The catalog's PostgreSQL (libpq DSN): versions, offsets, aliases, outputs.
     pg_dsn: str | None = field(default=None, repr=False)
-    kafka_bootstrap: str | None = None
+    kafka_bootstrap: str | None = None  # the Kafka cluster's bootstrap servers, host:port,...
+    # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     kafka_security_protocol: str = "PLAINTEXT"
-    kafka_ssl_ca_location: str | None = None
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
+    kafka_ssl_ca_location: str | None = None  # PEM file of the CA that signed the brokers' certs
+    kafka_sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    kafka_sasl_username: str | None = None  # the SASL user
+    # A file holding the SASL password (instead of KAPPA_KAFKA_SASL_PASSWORD).
     kafka_sasl_password_file: str | None = None
+    # The SASL password: only from the environment, a file, or an Airflow connection.
     kafka_sasl_password: str | None = field(default=None, repr=False)
     # Any other librdkafka property, e.g. ssl.endpoint.identification.algorithm.
     kafka_properties: tuple[tuple[str, str], ...] = ()
     # librdkafka properties that carry secrets (ssl.key.pem, ssl.key.password, ...): only from
     # the environment (KAPPA_KAFKA_SECRET_PROPERTIES, a JSON object), like the SASL password.
     kafka_secret_properties: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    spark_master: str = "local[*]"
+    spark_master: str = "local[*]"  # where drivers run Spark: local[N] or spark://HOST:PORT
     # Where versions' checkpoints live: a path, or any URI Spark accepts (hdfs://, s3a://), so
     # that a driver can move hosts. Default: <state_dir>/checkpoints.
     checkpoint_root: str | None = None
@@ -61,26 +65,26 @@ class Settings:
     # reader: no record passes through Python, so a batch's size costs no driver memory, and
     # fewer batches cost fewer fixed costs (a Spark job and a commit each).
     decoded_batch_records: int = 10_000_000
-    catalog_schema: str = "kappa"
-    data_schema: str = "kappa_data"
+    catalog_schema: str = "kappa"  # the orchestrator's own tables
+    data_schema: str = "kappa_data"  # the versions' output and dead-letter tables
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read
     reader_role: str = "kappa_reader"  # granted SELECT on the serving schema, nothing else
-    spark_driver_memory: str = "1g"
-    spark_executor_memory: str = "1g"
-    spark_executor_cores: int = 2
+    spark_driver_memory: str = "1g"  # each driver's JVM heap (spark.driver.memory)
+    spark_executor_memory: str = "1g"  # each executor's heap on a cluster
+    spark_executor_cores: int = 2  # cores per executor on a cluster
     # Cores a version may take on a standalone cluster (spark.cores.max); None: all it offers.
     spark_cores_max: int | None = None
     # The address executors on other hosts reach the driver at, and the one it listens on.
     spark_driver_host: str = "127.0.0.1"
-    spark_driver_bind_address: str = "127.0.0.1"
+    spark_driver_bind_address: str = "127.0.0.1"  # where the driver listens (see above)
     # Catch-up profile: cap records per micro-batch and split each partition's range into chunks
     # of at most this many records, so parallelism is not capped by the partition count.
     max_batch_records: int = 500_000
-    chunk_records: int = 125_000
+    chunk_records: int = 125_000  # records a read task takes at most (see above)
     # Read tasks build and move only the source columns the job's plan reads (see
     # spark/pruning.py); false: every column, as before.
     prune_columns: bool = True
-    live_trigger_seconds: float = 1.0
+    live_trigger_seconds: float = 1.0  # a live version's micro-batch interval
     # Warm spare drivers kept on this host: a JVM, a session and Python workers started and
     # waiting for a deploy to adopt one (spark/spares.py); 0 turns them off. Each holds about
     # spark_driver_memory plus 640 MiB, and is started only while twice that is available.
@@ -92,7 +96,7 @@ class Settings:
     # The Python processes a driver's JVM starts on its host are forked from a process that has
     # imported pyspark and the log source once (spark/zygote.py); false: each starts afresh.
     python_fork_server: bool = True
-    heartbeat_interval_s: float = 2.0
+    heartbeat_interval_s: float = 2.0  # how often a driver records that it is alive
     # A driver on another host that has not beaten for this long counts as dead.
     heartbeat_timeout_s: float = 30.0
     # A version is caught up, and may be served, when the *measured* lag is at most this.

@@ -24,7 +24,7 @@ def add_archive_parser(sub: Any) -> None:
         action = actions.add_parser(name, help=text)
         action.add_argument("topics", nargs="*", metavar="TOPIC",
                             help="the topics (default: every topic a deployed job reads)")
-        action.add_argument("--json", action="store_true")
+        action.add_argument("--json", action="store_true", help="print JSON, for scripts")
         if name == "run":
             action.add_argument("--once", action="store_true", help="one pass up to the log end")
             action.add_argument("--interval", type=float, default=5.0,
@@ -33,11 +33,11 @@ def add_archive_parser(sub: Any) -> None:
                                 help="every topic of the broker, not only those jobs read")
     listed = actions.add_parser("decodings", help="per decoding and lineage: segments decoded "
                                 "of those archived, and whether a version reads them")
-    listed.add_argument("--json", action="store_true")
+    listed.add_argument("--json", action="store_true", help="print JSON, for scripts")
     prune = actions.add_parser("prune-decoded", help="remove the decoded segments that no "
                                "version reads any more")
     prune.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
-    prune.add_argument("--json", action="store_true")
+    prune.add_argument("--json", action="store_true", help="print JSON, for scripts")
 
 
 def run_archive(service: Any, args: argparse.Namespace) -> int:

@@ -16,24 +16,38 @@ BREAKING_HELP = ("split even when the version removes output columns (its keys r
                  "only adds columns needs no flag")
 
 
+# What each positional of the commands means: the reference (docs/reference/cli.md) shows it.
+POSITIONAL_HELP = {
+    "job": "the job's name (JOB in its file)",
+    "version": "the version's label (VERSION in its file), e.g. v2",
+    "job_file": "the job's Python file",
+    "name": "the outcome metric's name",
+    "version_a": "the first version's label",
+    "version_b": "the second version's label",
+}
+JSON_HELP = "print JSON, for scripts"
+ALIAS_HELP = "the alias (default: the job's name)"
+
+
 def _command(sub: Any, name: str, text: str, *positionals: str, alias: bool = False,
              json: bool = True) -> argparse.ArgumentParser:
     """A subcommand with its positionals ("job?" is optional), ``--alias`` for the alias
     commands, and ``--json`` for scripts."""
-    c: argparse.ArgumentParser = sub.add_parser(name, help=text)
+    c: argparse.ArgumentParser = sub.add_parser(name, help=text, description=text)
     for arg in positionals:
         if arg.endswith("?"):
-            c.add_argument(arg[:-1], nargs="?")
+            c.add_argument(arg[:-1], nargs="?", help=f"{POSITIONAL_HELP[arg[:-1]]}; "
+                                                     "all of them if left out")
         else:
-            c.add_argument(arg)
+            c.add_argument(arg, help=POSITIONAL_HELP[arg])
     if alias:
-        c.add_argument("--alias")
+        c.add_argument("--alias", help=ALIAS_HELP)
     if json:
-        c.add_argument("--json", action="store_true")
+        c.add_argument("--json", action="store_true", help=JSON_HELP)
     return c
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kappa", description="Kappa-architecture reprocessing "
                                 "orchestrator: replay versioned PySpark jobs from the log.")
     p.add_argument("--state-dir", help="state directory (default .kappa; env KAPPA_STATE_DIR)")
@@ -60,13 +74,13 @@ def _parser() -> argparse.ArgumentParser:
 
     w = _command(sub, "wait", "wait until a version has caught up", "job", "version")
     w.add_argument("--max-lag", type=int, default=0, help="records behind that count as caught up")
-    w.add_argument("--timeout", type=float)
+    w.add_argument("--timeout", type=float, help="seconds to wait at most (default: no limit)")
 
     lg = _command(sub, "lag", "records and time behind the log end, rates, ETA, state", "job?")
-    lg.add_argument("--version")
+    lg.add_argument("--version", help="only this version of the job")
     lg.add_argument("--partitions", action="store_true", help="one row per partition")
     lg.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
-    lg.add_argument("--interval", type=float, default=2.0)
+    lg.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
     lg.add_argument("--window", type=float, default=30.0,
                     help="evaluation window in seconds for rates and states")
 
@@ -75,9 +89,9 @@ def _parser() -> argparse.ArgumentParser:
                        ("metrics", "Prometheus exporter (`kappa metrics serve`)")):
         m = _command(sub, name, text, json=False)
         if name == "metrics":
-            m.add_argument("action", choices=["serve"])
-        m.add_argument("--host", default="127.0.0.1")
-        m.add_argument("--port", type=int, default=9464)
+            m.add_argument("action", choices=["serve"], help="serve: run the exporter")
+        m.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on")
+        m.add_argument("--port", type=int, default=9464, help="port to serve /metrics on")
         m.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
         m.add_argument("--window", type=float, default=30.0, help="evaluation window, seconds")
         if name == "agent":
@@ -89,19 +103,20 @@ def _parser() -> argparse.ArgumentParser:
     pr = _command(sub, "promote", "switch an alias to a version", "job", "version", alias=True)
     pr.add_argument("--force", action="store_true",
                     help="promote even if not caught up or not validated (needs --reason)")
-    pr.add_argument("--reason")
+    pr.add_argument("--reason", help="why, kept in the alias's history")
 
     ab = _command(sub, "ab", "serve PERCENT %% of the keys from a version", "job", "version",
                   alias=True)
-    ab.add_argument("--percent", type=int, required=True)
-    ab.add_argument("--reason")
+    ab.add_argument("--percent", type=int, required=True,
+                    help="share of the keys the version serves, 0 to 100")
+    ab.add_argument("--reason", help="why, kept in the alias's history")
     ab.add_argument("--breaking", action="store_true", help=BREAKING_HELP)
 
     rb = _command(sub, "rollback", "back to what the alias served before this cutover", "job",
                   alias=True)
     rb.add_argument("--force", action="store_true",
                     help="roll back even to a version that is stopped or failed (needs --reason)")
-    rb.add_argument("--reason")
+    rb.add_argument("--reason", help="why, kept in the alias's history")
 
     co = _command(sub, "cutover", "validate, ramp with soaks and checks, promote", "job",
                   "version", alias=True)
@@ -116,17 +131,17 @@ def _parser() -> argparse.ArgumentParser:
              "version_a", "version_b")
     rt = _command(sub, "retire", "stop a version for good; --drop its table too", "job",
                   "version")
-    rt.add_argument("--drop", action="store_true")
+    rt.add_argument("--drop", action="store_true", help="drop its output table too")
 
     e = _command(sub, "events", "the orchestrator's event log, newest first", "job?")
-    e.add_argument("--version")
+    e.add_argument("--version", help="only this version's events")
     e.add_argument("--limit", type=int, default=1000, help="how many events (default 1000)")
 
     ps = _command(sub, "produce-sample",
                   "produce deterministic sample page views or profile changes")
-    ps.add_argument("--topic", default="pageviews")
-    ps.add_argument("--count", type=int, default=200_000)
-    ps.add_argument("--seed", type=int, default=1)
+    ps.add_argument("--topic", default="pageviews", help="topic to write (default pageviews)")
+    ps.add_argument("--count", type=int, default=200_000, help="how many records")
+    ps.add_argument("--seed", type=int, default=1, help="the same seed gives the same records")
     ps.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
     ps.add_argument("--kind", choices=["pageviews", "profiles"],
                     help="what to produce (default: profiles for a topic named profiles*, "
@@ -139,7 +154,9 @@ def _parser() -> argparse.ArgumentParser:
                     "0.1 %% of profile changes)")
 
     dev = _command(sub, "dev", "the embedded PostgreSQL and Kafka-protocol broker")
-    dev.add_argument("action", choices=["up", "down", "status", "env", "reset"])
+    dev.add_argument("action", choices=["up", "down", "status", "env", "reset"],
+                     help="up: start (or restore) the stack; down: stop it; status; env: its "
+                     "settings as export lines; reset: delete its state")
     dev.add_argument("--memory", action="store_true",
                      help="up: keep the log in the broker's memory only (lost when it stops)")
     dev.add_argument("--s3", action="store_true",
@@ -151,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_archive_parser(sub)
     demo = _command(sub, "demo", "the whole story on the embedded default")
-    demo.add_argument("--count", type=int, default=200_000)
+    demo.add_argument("--count", type=int, default=200_000, help="page views to produce")
     return p
 
 
@@ -287,7 +304,7 @@ def _wait(service: Any, job: str, version: str, timeout: float | None, *, quiet:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return run(args)
     except KappaError as exc:

@@ -31,7 +31,8 @@ def add_commands(sub: Any, command: Command) -> None:
                    "values served by {version}")
     d.add_argument("--kind", choices=[k.value for k in Kind], required=True,
                    help="proportion (values 0/1) or mean")
-    d.add_argument("--better", choices=["higher", "lower"], required=True)
+    d.add_argument("--better", choices=["higher", "lower"], required=True,
+                   help="which way the candidate should move the metric")
     d.add_argument("--role", choices=[r.value for r in Role], default="decision",
                    help="decision (decides the test) or guardrail (must not degrade)")
     d.add_argument("--margin", type=float, default=0.0,
