@@ -1,7 +1,8 @@
 """Reference pages generated from the code at each build, so that they cannot drift from it:
 every `kappa` command and flag (from the argparse parsers), every setting (from the Settings
-dataclass and its comments) and every fail point (from orchestrator/failpoints.py). A flag
-without help text, or a setting without a comment, fails the build."""
+dataclass and its comments), every metric (from the exporter's collector) and every fail point
+(from orchestrator/failpoints.py). A flag without help text, a setting or fail point without
+a comment, or a metric without help, fails the build."""
 
 from __future__ import annotations
 
@@ -130,14 +131,33 @@ def fail_points_page(points: tuple[str, ...], source: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def metrics_page(families: list[Any]) -> str:
+    """``families``: what the exporter's collector yields (with no data, every family is there
+    with no samples)."""
+    out = ["# Metrics", "",
+           "Every metric `kappa agent` and `kappa metrics serve` export, generated from the "
+           "exporter's collector (`orchestrator/metrics/`). An unknown figure is no series, "
+           "never 0.", "", "| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for family in sorted(families, key=lambda f: f.name):
+        if not family.documentation:
+            raise UndocumentedError(f"metric {family.name} has no help text")
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        labels = ", ".join(f"`{label}`" for label in getattr(family, "_labelnames", ()))
+        out.append(f"| `{name}` | {family.type} | {labels} | {family.documentation} |")
+    return "\n".join(out) + "\n"
+
+
 def pages() -> dict[str, str]:
     from orchestrator import failpoints, settings
     from orchestrator.cli.main import build_parser
+    from orchestrator.metrics.exporter import KappaCollector, Sampler, Snapshot
 
     return {
         "reference/cli.md": cli_page(build_parser()),
         "reference/settings.md": settings_page(
             settings.Settings, (ROOT / "orchestrator" / "settings.py").read_text()),
+        "reference/metrics.md": metrics_page(
+            list(KappaCollector(Sampler(take=Snapshot)).collect())),
         "reference/fail-points.md": fail_points_page(
             failpoints.POINTS, (ROOT / "orchestrator" / "failpoints.py").read_text()),
     }

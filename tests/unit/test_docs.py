@@ -41,6 +41,9 @@ def test_the_site_builds_strictly_with_every_command_setting_and_fail_point(
         assert f"`KAPPA_{name.upper()}`" in pages["reference/settings.md"], name
     for point in POINTS:
         assert f"| `{point}` |" in pages["reference/fail-points.md"], point
+    for metric in ("kappa_lag_records", "kappa_archive_lag_seconds", "kappa_dead_letters_total",
+                   "kappa_alias_split_percent"):
+        assert f"| `{metric}` |" in pages["reference/metrics.md"], metric
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
 
 
