@@ -20,18 +20,21 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dashboard_b
-from grafana_foundation_sdk.builders import prometheus as prometheus_b
-from grafana_foundation_sdk.builders import stat as stat_b
 from grafana_foundation_sdk.builders import statetimeline as statetimeline_b
 from grafana_foundation_sdk.builders import table as table_b
-from grafana_foundation_sdk.builders import timeseries as timeseries_b
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as dm
-from grafana_foundation_sdk.models import prometheus as prometheus_m
 
 from orchestrator.lag import LagState
+from orchestrator.metrics.dashboard_archive import archive_panels, archive_row
+from orchestrator.metrics.dashboard_cutover import cutover_panels, cutover_row
+from orchestrator.metrics.dashboard_panels import DS
+from orchestrator.metrics.dashboard_panels import query as _query
+from orchestrator.metrics.dashboard_panels import stat as _stat
+from orchestrator.metrics.dashboard_panels import thresholds as _thresholds
+from orchestrator.metrics.dashboard_panels import timeseries as _timeseries
 from orchestrator.metrics.grafana_provisioning import (
     DATASOURCE_UID,
     PROVISIONING_DASHBOARDS,
@@ -47,9 +50,6 @@ ALERTS_FILE = "kappa-alerts.yml"
 ALERTS_URL = "/alerting/list?search=group:kappa"
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
-# Panels and variables use the datasource variable, so the dashboard imports into any Grafana
-# with a Prometheus datasource (the provisioned one, uid "prometheus", is the default).
-DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'kappa_job=~"$job", version=~"$version"'
 BY_VERSION = "{{kappa_job}} {{version}}"
 BY_PARTITION = "{{kappa_job}} {{version}} {{topic}}/{{partition}}"
@@ -69,64 +69,12 @@ _STATE_COLORS = {
 _ALIAS_SWITCHES = 'changes(kappa_alias_switches_total{kappa_job=~"$job"}[1m]) > 0'
 
 
-def _query(ref_id: str, expr: str, legend: str, *, instant: bool = False,
-           table: bool = False) -> prometheus_b.Dataquery:
-    q = (prometheus_b.Dataquery().ref_id(ref_id).expr(expr).legend_format(legend)
-         .datasource(DS).editor_mode(prometheus_m.QueryEditorMode.CODE))
-    if table:
-        q = q.format(prometheus_m.PromQueryFormat.TABLE)
-    return q.instant() if instant else q.range()
-
-
 def _per_version(metric: str) -> str:
     return f"max by (kappa_job, version) ({metric}{{{SEL}}})"
 
 
 def _per_partition(metric: str) -> str:
     return f"max by (kappa_job, version, topic, partition) ({metric}{{{SEL}}})"
-
-
-def _legend() -> common_b.VizLegendOptions:
-    return (common_b.VizLegendOptions().show_legend(True)
-            .display_mode(common.LegendDisplayMode.TABLE)
-            .placement(common.LegendPlacement.BOTTOM).calcs(["lastNotNull", "max"]))
-
-
-def _tooltip() -> common_b.VizTooltipOptions:
-    return (common_b.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
-            .sort(common.SortOrder.DESCENDING))
-
-
-def _thresholds(*steps: tuple[float | None, str]) -> dashboard_b.ThresholdsConfig:
-    return (dashboard_b.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE)
-            .steps([dm.Threshold(value=value, color=color) for value, color in steps]))
-
-
-def _timeseries(panel_id: int, title: str, description: str, unit: str, width: int,
-                *targets: prometheus_b.Dataquery) -> timeseries_b.Panel:
-    panel = (timeseries_b.Panel().id(panel_id).title(title).description(description)
-             .datasource(DS).unit(unit).min(0).span(width).height(8)
-             .legend(_legend()).tooltip(_tooltip()).line_width(1).fill_opacity(10)
-             .show_points(common.VisibilityMode.NEVER).span_nulls(False)
-             .thresholds(_thresholds((None, "green"))))
-    for target in targets:
-        panel = panel.with_target(target)
-    return panel
-
-
-def _stat(panel_id: int, title: str, description: str, width: int,
-          *targets: prometheus_b.Dataquery) -> stat_b.Panel:
-    panel = (stat_b.Panel().id(panel_id).title(title).description(description)
-             .datasource(DS).span(width).height(8)
-             .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-             .graph_mode(common.BigValueGraphMode.NONE)
-             .color_mode(common.BigValueColorMode.VALUE)
-             .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
-             .justify_mode(common.BigValueJustifyMode.AUTO)
-             .orientation(common.VizOrientation.HORIZONTAL))
-    for target in targets:
-        panel = panel.with_target(target)
-    return panel
 
 
 def _state_expr() -> str:
@@ -294,13 +242,9 @@ def _builder() -> dashboard_b.Dashboard:
                          .icon_color("purple").expr(_ALIAS_SWITCHES)))
     for panel in _panels():
         board = board.with_panel(panel)
-    from orchestrator.metrics.dashboard_archive import archive_panels, archive_row
-
     board = board.with_row(archive_row(20))
     for panel in archive_panels(21):
         board = board.with_panel(panel)
-    from orchestrator.metrics.dashboard_cutover import cutover_panels, cutover_row
-
     board = board.with_row(cutover_row(30))
     for panel in cutover_panels(31):
         board = board.with_panel(panel)

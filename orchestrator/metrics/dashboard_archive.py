@@ -12,6 +12,11 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_b
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import dashboard as dm
 
+from orchestrator.metrics.dashboard_panels import query as _query
+from orchestrator.metrics.dashboard_panels import stat as _stat
+from orchestrator.metrics.dashboard_panels import thresholds as _thresholds
+from orchestrator.metrics.dashboard_panels import timeseries as _timeseries
+
 ROW_TITLE = "Archive of the log"
 TITLES = ("Archive lag (records)", "Archive lag (seconds)", "Archive size",
           "Retention headroom")
@@ -19,8 +24,6 @@ BY_TOPIC = "{{topic}}"
 
 
 def archive_panels(first_id: int) -> list[cogbuilder.Builder[dm.Panel]]:
-    from orchestrator.metrics.dashboard import _query, _stat, _thresholds, _timeseries
-
     behind = _timeseries(
         first_id, TITLES[0], "Records of the log not archived yet, per topic; 0 when the "
         "archive has reached the log end. Global: not filtered by job or version.", "short", 6,

@@ -10,6 +10,9 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_b
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import dashboard as dm
 
+from orchestrator.metrics.dashboard_panels import query as _query
+from orchestrator.metrics.dashboard_panels import timeseries as _timeseries
+
 ROW_TITLE = "Cutover by outcome"
 TITLES = ("Outcome per arm", "Candidate minus baseline", "Evidence against no difference",
           "Candidate's share of keys")
@@ -22,8 +25,6 @@ BY_ALIAS = "by (kappa_job, alias, version)"
 def _with_interval(panel_id: int, title: str, description: str, metric: str, by: str,
                    legend: str) -> cogbuilder.Builder[dm.Panel]:
     """A figure and the low and high ends of its always-valid interval."""
-    from orchestrator.metrics.dashboard import _query, _timeseries
-
     return _timeseries(
         panel_id, title, description, "short", 12,
         *(_query(ref, f"max {by} ({metric}{suffix}{{{SEL}}})", legend + label)
@@ -32,8 +33,6 @@ def _with_interval(panel_id: int, title: str, description: str, metric: str, by:
 
 
 def cutover_panels(first_id: int) -> list[cogbuilder.Builder[dm.Panel]]:
-    from orchestrator.metrics.dashboard import _query, _timeseries
-
     means = _with_interval(
         first_id, TITLES[0], "Each arm's mean of each outcome metric (a rate for a "
         "proportion), with the low and high ends of its always-valid interval, from the test's "
