@@ -53,7 +53,7 @@ def from_decoded(settings: Any, service: Any, raw: Any, warm: Any | None, workdi
                  profile: Path | None) -> dict[str, Any]:
     """Archive the topic (raw), decode it (timed), replay the decoded segments cold and on a
     warm spare, and aggregate them in DuckDB."""
-    from bench.replay import checked_replay
+    from bench.kappa_runs import checked_replay
     from bench.warm_start import warm_replay
 
     raw.archive([topic], once=True)  # nothing to do if --source archive ran first

@@ -13,7 +13,7 @@ def warm_replay(settings: Any, service: Any, workdir: Path, topic: str, version:
                 peer_table: str, theirs: dict[str, Any], produced: int,
                 cold: dict[str, Any]) -> dict[str, Any]:
     """Start a spare, wait until it is warm, deploy on it; its figures beside the cold ones."""
-    from bench.replay import checked_replay
+    from bench.kappa_runs import checked_replay
 
     settings = service.settings  # the cold replays' settings turn spares off
     env = launcher.driver_environment(settings)
