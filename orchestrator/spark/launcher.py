@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -19,6 +17,7 @@ from orchestrator.models import RunRecord
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
 from orchestrator.spark import cds, spares
+from orchestrator.spark.driver_process import is_alive, terminate
 
 logger = logging.getLogger("kappa.launcher")
 # What a task runner sets for its own process; a driver outlives the task, so neither its events
@@ -109,46 +108,6 @@ def stop_driver(run: RunRecord) -> None:
     if run.host and run.host != this_host():
         return
     terminate(run.pid, run.pid_started)
-
-
-def is_alive(pid: int | None, started: float | None) -> bool:
-    if not pid:
-        return False
-    try:
-        process = psutil.Process(pid)
-        # Create times are derived from the boot time, which may shift by a fraction of a second
-        # between readings; a reused PID within one second is not a realistic risk.
-        if started and abs(process.create_time() - started) > 1.0:
-            return False
-        return bool(process.status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
-def terminate(pid: int | None, started: float | None, grace_s: float = 10.0) -> None:
-    """Stop a driver's whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
-    if not pid or not is_alive(pid, started):
-        _kill_group(pid, signal.SIGKILL)  # leftovers (the JVM) of a driver that died
-        return
-    _kill_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and is_alive(pid, started):
-        time.sleep(0.1)
-    _kill_group(pid, signal.SIGKILL)
-    _reap(pid)
-
-
-def _kill_group(pid: int | None, sig: signal.Signals) -> None:
-    if not pid:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _reap(pid: int) -> None:
-    # A driver started by this very process (tests, the demo) must not linger as a zombie.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def log_tail(path: str | Path | None, lines: int = 15) -> tuple[str, ...]:

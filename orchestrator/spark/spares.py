@@ -225,7 +225,7 @@ def _bytes(size: str) -> int:
 
 
 def withdraw(directory: Path, spare: Spare, why: str) -> None:
-    from orchestrator.spark.launcher import terminate
+    from orchestrator.spark.driver_process import terminate
 
     with contextlib.suppress(FileNotFoundError):
         os.rename(directory / f"{spare.pid}.sock", directory / f"{spare.pid}.claimed")
@@ -277,7 +277,7 @@ def _orphaned(directory: Path, spare: Spare) -> bool:
 
 
 def _alive(spare: Spare) -> bool:
-    from orchestrator.spark.launcher import is_alive
+    from orchestrator.spark.driver_process import is_alive
 
     return is_alive(spare.pid, spare.started)
 
