@@ -129,7 +129,7 @@ def _function(frame: str) -> str:
     if not m:
         return frame
     file = m["file"]
-    # The last two path parts name the module well enough (pyspark/worker.py, spark/source.py).
+    # The last two path parts name the module well enough (pyspark/worker.py, spark/read/source.py).
     return f"{m['fn']} ({'/'.join(Path(file).parts[-2:])})"
 
 

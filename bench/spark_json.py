@@ -30,7 +30,7 @@ def write_segments(root: Path, events: int) -> int:
     """Sample page views as archive segments; returns the URL groups of the valid ones."""
     from orchestrator.archive.parquet_store import ParquetStore
     from orchestrator.parsing import EventParser
-    from orchestrator.sample import sample_events
+    from orchestrator.samples.sample import sample_events
 
     store, parser = ParquetStore(str(root)), EventParser(
         [("user_id", "long"), ("url", "string"), ("ts", "long"), ("duration_ms", "long")],

@@ -19,7 +19,7 @@ from psycopg import sql
 from orchestrator.catalog.db import connect
 from orchestrator.service import Orchestrator
 from orchestrator.settings import load_settings
-from orchestrator.spark import spares as spare_pool
+from orchestrator.spark.launch import spares as spare_pool
 
 
 @contextmanager

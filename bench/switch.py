@@ -353,6 +353,8 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=32)
     parser.add_argument("--reader-cost", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--per-switch", action="store_true",
+                        help="with --json: also each switch's and its floor's milliseconds")
     args = parser.parse_args()
     with bench_stack("switch", serving=True) as (settings, service, workdir, tag):
         topic = f"bench_switch_{tag}"
@@ -372,7 +374,10 @@ def main() -> int:
                                       users=150_000, runs=15) if args.reader_cost else None
     result = outcome.summary()
     if args.json:
-        print(json.dumps({**result, **({"reader_cost": cost} if cost else {})}, indent=2))
+        per_switch = {"switch_ms": [_ms(s) for s in outcome.switch_seconds],
+                      "floor_ms": [_ms(s) for s in outcome.floor_seconds]}
+        print(json.dumps({**result, **({"reader_cost": cost} if cost else {}),
+                          **(per_switch if args.per_switch else {})}, indent=2))
         return 0
     print("\n".join(f"{k:32} {v}" for k, v in result.items()))
     if cost:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.spark import launcher, spares
+from orchestrator.spark.launch import launcher, spares
 
 
 def warm_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str,

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator.archive.held import archive_falls_short, readable_bounds
+from orchestrator.archive_model.held import archive_falls_short, readable_bounds
 from orchestrator.errors import LogGapError
 from orchestrator.models import Offsets
 

@@ -10,19 +10,21 @@ from typing import Any
 
 import psycopg
 
-from orchestrator import archiving, deploying, lifecycle, reporting, restarting, sample_data
-from orchestrator.aliases.diff import DiffReport
+from orchestrator.archive import archiving
 from orchestrator.catalog.access import CatalogAccess
+from orchestrator.desks.outcomes import OutcomeDesk
+from orchestrator.desks.switches import SwitchDesk
 from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.lag import Thresholds
-from orchestrator.lifecycle import DeployResult, checkpoint_location
 from orchestrator.models import AliasState, VersionLag, VersionStatus
-from orchestrator.outcome_desk import OutcomeDesk
 from orchestrator.plan.cutover import Cutover
-from orchestrator.reporting import CRASHED, Progress
+from orchestrator.samples import sample_data
+from orchestrator.serving.diff import DiffReport
+from orchestrator.serving.switching import Switchboard
 from orchestrator.settings import Settings, load_settings
-from orchestrator.switch_desk import SwitchDesk
-from orchestrator.switching import Switchboard
+from orchestrator.versions import deploying, lifecycle, reporting, restarting
+from orchestrator.versions.lifecycle import DeployResult, checkpoint_location
+from orchestrator.versions.reporting import CRASHED, Progress
 
 Acknowledged = Mapping[str, Mapping[int, int]] | None  # a lost broker's acknowledged ends
 
@@ -49,54 +51,54 @@ class Orchestrator:
 
     # Deploying and controlling ---------------------------------------------------------------
     def deploy(self, job_file: str | Path, *, allow_gap: bool = False) -> DeployResult:
-        return deploying.deploy(self, job_file, allow_gap=allow_gap)
+        return deploying.deploy(self.catalog, self.switches, job_file, allow_gap=allow_gap)
 
     def stop(self, job: str, version: str) -> VersionStatus:
-        return lifecycle.stop(self, job, version)
+        return lifecycle.stop(self.catalog, job, version)
 
     def stop_all(self) -> list[VersionStatus]:
-        return lifecycle.stop_all(self)
+        return lifecycle.stop_all(self.catalog)
 
     def keep_spares(self) -> int | None:
         """Start a warm spare driver if this host keeps fewer than warm_spares; its PID."""
-        return lifecycle.keep_spares(self)
+        return lifecycle.keep_spares(self.catalog)
 
     def restart(self, job: str, version: str, *, allow_gap: bool = False,
                 quarantine: bool = False) -> VersionStatus:
-        return restarting.restart(self, job, version, allow_gap=allow_gap, quarantine=quarantine)
+        return restarting.restart(self.catalog, job, version, allow_gap, quarantine)
 
     # Reporting -----------------------------------------------------------------------------
     def status(self, job: str | None = None, *, exact_rows: bool = True) -> list[VersionStatus]:
-        return reporting.status(self, job, exact_rows=exact_rows)
+        return reporting.status(self.catalog, job, exact_rows=exact_rows)
 
     def version_status(self, job: str, version: str) -> VersionStatus:
-        return reporting.version_status(self, job, version)
+        return reporting.version_status(self.catalog, job, version)
 
     def wait(self, job: str, version: str, *, timeout_s: float | None = None,
              max_lag: int = 0, progress: Progress | None = None, poll_s: float = 1.0,
              limits: Thresholds | None = None) -> VersionStatus:
-        return reporting.wait(self, job, version, timeout_s=timeout_s, max_lag=max_lag,
+        return reporting.wait(self.catalog, job, version, timeout_s=timeout_s, max_lag=max_lag,
                               progress=progress, poll_s=poll_s, limits=limits)
 
     def catch_up_progress(self, job: str, version: str, *, max_lag: int = 0,
                           check_stall: bool = True, limits: Thresholds | None = None
                           ) -> VersionStatus:
-        return reporting.catch_up_progress(self, job, version, max_lag=max_lag,
+        return reporting.catch_up_progress(self.catalog, job, version, max_lag=max_lag,
                                            check_stall=check_stall, limits=limits)
 
     def lag(self, job: str | None = None, version: str | None = None,
             limits: Thresholds | None = None) -> list[VersionLag]:
-        return reporting.lag(self, job, version, limits)
+        return reporting.lag(self.catalog, job, version, limits)
 
     def crashed_drivers(self) -> list[tuple[str, str, int, str]]:
-        return reporting.crashed_drivers(self)
+        return reporting.crashed_drivers(self.catalog)
 
     def record_event(self, kind: str, job: str, version: str, **detail: Any) -> None:
-        reporting.record_event(self, kind, job, version, **detail)
+        reporting.record_event(self.catalog, kind, job, version, **detail)
 
     def events(self, job: str | None = None, version: str | None = None, *, limit: int = 1000
                ) -> list[dict[str, object]]:
-        return reporting.list_events(self, job, version, limit)
+        return reporting.list_events(self.catalog, job, version, limit)
 
     # Aliases -------------------------------------------------------------------------------
     def promote(self, job: str, version: str, alias: str | None = None, *, force: bool = False,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.kafka_endpoint import (
+from orchestrator.kafka.endpoint import (
     PASSWORD_VARIABLE,
     SECRETS_VARIABLE,
     KafkaEndpoint,
@@ -82,11 +82,11 @@ class Settings:
     max_batch_records: int = 500_000
     chunk_records: int = 125_000  # records a read task takes at most (see above)
     # Read tasks build and move only the source columns the job's plan reads (see
-    # spark/pruning.py); false: every column, as before.
+    # spark/read/pruning.py); false: every column, as before.
     prune_columns: bool = True
     live_trigger_seconds: float = 1.0  # a live version's micro-batch interval
     # Warm spare drivers kept on this host: a JVM, a session and Python workers started and
-    # waiting for a deploy to adopt one (spark/spares.py); 0 turns them off. Each holds about
+    # waiting for a deploy to adopt one (spark/launch/spares.py); 0 turns them off. Each holds about
     # spark_driver_memory plus 640 MiB, and is started only while twice that is available.
     warm_spares: int = 1
     # Where spares wait; default <tmp>/kappa-spares-<uid>, shared by this user's deployments on
@@ -94,7 +94,7 @@ class Settings:
     spare_dir: Path | None = None
     spare_idle_s: float = 3600.0  # a spare nobody adopted for this long exits
     # The Python processes a driver's JVM starts on its host are forked from a process that has
-    # imported pyspark and the log source once (spark/zygote.py); false: each starts afresh.
+    # imported pyspark and the log source once (spark/launch/zygote.py); false: each starts afresh.
     python_fork_server: bool = True
     heartbeat_interval_s: float = 2.0  # how often a driver records that it is alive
     # A driver on another host that has not beaten for this long counts as dead.

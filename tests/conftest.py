@@ -51,7 +51,7 @@ def stack() -> Iterator[object]:
         yield status
     finally:
         from orchestrator.settings import Settings
-        from orchestrator.spark import spares
+        from orchestrator.spark.launch import spares
 
         # The warm spares this worker's deploys left (test_spares.py): none outlives the run.
         spares.withdraw_all(Settings(state_dir=state_dir, spare_dir=state_dir / "spares"))
@@ -119,7 +119,7 @@ _hypothesis_profile()
 def service(settings: object) -> Iterator[object]:
     """An Orchestrator on the test's own schemas; every driver it started is stopped after."""
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     svc = Orchestrator(settings)  # type: ignore[arg-type]
     try:

@@ -74,7 +74,7 @@ _KAFKA_IGNORED = ("bootstrap.servers", "bootstrap_servers", "group.id", "sasl.pa
 
 def kafka_security(conn: Any) -> dict[str, Any]:
     """Setting changes for the Kafka connection's security: login, password and extra."""
-    from orchestrator.kafka_endpoint import (
+    from orchestrator.kafka.endpoint import (
         SECRET_PROPERTIES,
         check_extra_properties,
         check_secret_properties,

@@ -20,12 +20,12 @@ from typing import cast
 import psycopg
 
 from orchestrator.archive.decode_pass import decode_pending
-from orchestrator.archive.decoding import DecodedSegment
 from orchestrator.archive.deletions import end_deleted_lineages
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.readable import archive_root
-from orchestrator.archive.segments import (
+from orchestrator.archive_model.decoding import DecodedSegment
+from orchestrator.archive_model.segments import (
     ArchivedRecord,
     ArchiveError,
     Lineage,
@@ -42,10 +42,10 @@ from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import log_identity, topic_names
 from orchestrator.kafka.clients import LogClients
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka.reader import read_range
 from orchestrator.kafka.timestamps import record_timestamps
-from orchestrator.kafka_endpoint import Kafka
 from orchestrator.log_identity import LogIdentity
 from orchestrator.settings import Settings
 

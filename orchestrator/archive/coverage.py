@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from orchestrator.archive.segments import Segment
+from orchestrator.archive_model.segments import Segment
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class SegmentRef:
     end_offset: int
     records: int
     checksum: str
-    # The segment decoded under the reader's decoding (archive/decoding.py), if it is yet.
+    # The segment decoded under the reader's decoding (archive_model/decoding.py), if it is yet.
     decoded_path: str | None = None
     decoded_checksum: str | None = None
 

@@ -17,15 +17,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator.archive.decoder import decode, file_checksum
-from orchestrator.archive.decoding import (
+from orchestrator.archive.parquet_store import ParquetStore, parquet_bytes
+from orchestrator.archive_model.decoding import (
     DECODED_DIRECTORY,
     DecodedSegment,
     Decoding,
     DecodingProgress,
     decoded_path,
 )
-from orchestrator.archive.parquet_store import ParquetStore, parquet_bytes
-from orchestrator.archive.segments import ArchiveError, Lineage, Segment
+from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
 from orchestrator.models import DeployedVersion

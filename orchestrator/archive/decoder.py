@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from orchestrator.archive.decoding import DEAD_KEY, DEAD_REASON, DEAD_VALUE, Decoding
+from orchestrator.archive_model.decoding import DEAD_KEY, DEAD_REASON, DEAD_VALUE, Decoding
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
-from orchestrator.spark.arrow import arrow_fields
-from orchestrator.spark.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
-from orchestrator.spark.columnar import ColumnarParser, DeadRecord
+from orchestrator.spark.read.arrow import arrow_fields
+from orchestrator.spark.read.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
+from orchestrator.spark.read.columnar import ColumnarParser, DeadRecord
 
 __all__ = ["decode", "decoded_schema", "parsed_chunks", "read_columns", "rows_schema",
            "split_decoded"]
@@ -48,8 +48,8 @@ def parsed_chunks(table: pa.Table, decoding: Decoding, topic: str, partition: in
                   ) -> Iterator[tuple[pa.RecordBatch, list[DeadRecord]]]:
     """The rows (``rows_schema``, the columns not ``wanted`` null) and dead letters of archived
     records (parquet_store.SCHEMA), a chunk at a time, in offset order."""
-    from orchestrator.spark.archive_source import as_records
-    from orchestrator.spark.arrow_events import ArrowEventParser
+    from orchestrator.archive.parquet_store import as_records
+    from orchestrator.spark.read.arrow_events import ArrowEventParser
 
     schema = parse_ddl(decoding.schema)
     parser = EventParser(schema, decoding.non_negative)

@@ -16,7 +16,7 @@ import psycopg
 
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.kafka.admin import log_identity
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 
 log = logging.getLogger("kappa.archive")
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Self
 
 import psycopg
 
-from orchestrator.archive.segments import Lineage
+from orchestrator.archive_model.segments import Lineage
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.kafka.admin import admin_client, log_identity
 from orchestrator.kafka.clients import LogClients
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from orchestrator.archive.segments import (
+from orchestrator.archive_model.segments import (
     ArchivedRecord,
     ArchiveError,
     parse_segment_name,
@@ -182,11 +182,20 @@ def to_table(records: Sequence[ArchivedRecord]) -> pa.Table:
                     schema=SCHEMA)
 
 
+# (offset, timestamp ms, key, value, headers): a record as the Kafka reader gives it
+Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
+
+
 def from_table(table: pa.Table) -> list[ArchivedRecord]:
     rows = zip(*(table.column(name).to_pylist() for name in SCHEMA.names), strict=True)
     return [(offset, ts, ts_type, key, value,
              None if headers is None else [(h["name"], h["value"]) for h in headers])
             for offset, ts, ts_type, key, value, headers in rows]
+
+
+def as_records(table: pa.Table) -> list[Record]:
+    """Archived records as the Kafka reader gives them, for the record-by-record parser."""
+    return [(o, ts, key, value, headers) for o, ts, _, key, value, headers in from_table(table)]
 
 
 def _sync_directory(directory: str) -> None:

@@ -1,5 +1,5 @@
 """The bounds of the log that a version's replay can read: the broker's, reaching down into the
-archive (see ``orchestrator.archive.held``) wherever the version's read tasks can read it.
+archive (see ``orchestrator.archive_model.held``) wherever the version's read tasks can read it.
 
 Deploy, resume, restart, the monitor and the switch gates all judge a version's position
 against these bounds, so that retention that the archive has covered is no gap anywhere.
@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from orchestrator.archive.held import Position, readable_bounds
-from orchestrator.archive.segments import ArchiveError
+from orchestrator.archive_model.held import Position, readable_bounds
+from orchestrator.archive_model.segments import ArchiveError
 from orchestrator.catalog.archive_manifest import held_spans
 from orchestrator.log_identity import LogIdentity
 from orchestrator.settings import Settings

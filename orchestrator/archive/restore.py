@@ -21,8 +21,8 @@ import psycopg
 from orchestrator.archive.archiver import read_archived
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.readable import archive_root
-from orchestrator.archive.restore_plan import plan_runs
-from orchestrator.archive.segments import (
+from orchestrator.archive_model.restore_plan import plan_runs
+from orchestrator.archive_model.segments import (
     ArchivedRecord,
     ArchiveError,
     Lineage,
@@ -35,14 +35,14 @@ from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import events, runs, versions
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import delete_topic, ensure_topic, log_identity
-from orchestrator.kafka.exact_producer import ExactProducer
-from orchestrator.kafka.offsets import log_bounds
-from orchestrator.kafka_endpoint import (
+from orchestrator.kafka.endpoint import (
     RESTORE_CLIENT_ID_PREFIX,
     Kafka,
     KafkaEndpoint,
     as_endpoint,
 )
+from orchestrator.kafka.exact_producer import ExactProducer
+from orchestrator.kafka.offsets import log_bounds
 from orchestrator.log_identity import (
     LogIdentity,
     is_log_gone,

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from orchestrator.archive.segments import checksum
+from orchestrator.archive_model.segments import checksum
 
 
 def table_checksum(table: pa.Table) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from orchestrator.archive.archiver import Archiver, current_lineages, read_archived
 from orchestrator.archive.decode_pass import verify_decoded
-from orchestrator.archive.segments import ArchiveError, first_difference, matches_manifest
+from orchestrator.archive_model.segments import ArchiveError, first_difference, matches_manifest
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.kafka.admin import log_identity
 from orchestrator.kafka.offsets import log_bounds

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from orchestrator.archive.segments import ArchiveError, Lineage, Segment
+from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog.db import qualified
 from orchestrator.log_identity import LogIdentity
 

@@ -9,8 +9,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from orchestrator.archive.decoding import DecodedSegment, Decoding
-from orchestrator.archive.segments import Lineage
+from orchestrator.archive_model.decoding import DecodedSegment, Decoding
+from orchestrator.archive_model.segments import Lineage
 from orchestrator.catalog.db import qualified
 
 _COLUMNS = ("decoding", "cluster_id", "topic", "topic_id", "partition", "first_offset",

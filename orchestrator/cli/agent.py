@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.lag import Thresholds
 from orchestrator.metrics.exporter import Snapshot
 from orchestrator.metrics.server import serve
-from orchestrator.supervisor import Supervisor
+from orchestrator.observe.supervisor import Supervisor
 
 
 def run_agent(service: Any, args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import signal
 import threading
 from typing import Any
 
-from orchestrator.archive.segments import RetentionRisk
+from orchestrator.archive_model.segments import RetentionRisk
 from orchestrator.cli.output import print_json, table
 
 

@@ -16,7 +16,7 @@ def run_demo(settings: Settings, count: int, as_json: bool) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from orchestrator.demo import top_urls, topic_size
+    from orchestrator.samples.demo import top_urls, topic_size
     from orchestrator.service import Orchestrator
 
     def say(text: str) -> None:

@@ -111,7 +111,7 @@ def _spares(settings: Settings, action: str, status: Any) -> tuple[int | None, l
     withdraws it; (the PID of one started now, the spares waiting)."""
     from dataclasses import replace
 
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     if action == "down":
         launcher.withdraw_spares(settings)

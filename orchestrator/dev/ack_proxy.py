@@ -29,7 +29,7 @@ from orchestrator.dev.ack_ledger import AckLedger
 from orchestrator.dev.held_clients import held_client_id
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka import wire
-from orchestrator.kafka_endpoint import RESTORE_CLIENT_ID_PREFIX
+from orchestrator.kafka.endpoint import RESTORE_CLIENT_ID_PREFIX
 
 HOST = "127.0.0.1"
 _SIZE = struct.Struct(">i")

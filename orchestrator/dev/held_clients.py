@@ -16,7 +16,7 @@ import os
 import secrets
 from pathlib import Path
 
-from orchestrator.kafka_endpoint import RESTORE_CLIENT_ID_PREFIX
+from orchestrator.kafka.endpoint import RESTORE_CLIENT_ID_PREFIX
 
 HELD_FILE = "clients-held"
 CLIENT_ID_PREFIX = RESTORE_CLIENT_ID_PREFIX

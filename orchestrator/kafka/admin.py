@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from orchestrator.errors import ConfigError, KappaError, NotFoundError, ServiceUnavailableError
-from orchestrator.kafka_endpoint import Kafka, as_endpoint
+from orchestrator.kafka.endpoint import Kafka, as_endpoint
 from orchestrator.log_identity import LogIdentity, topic_id_text
 
 __all__ = [

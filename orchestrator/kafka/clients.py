@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import Bounds, LogEndProbe
 from orchestrator.kafka.timestamps import Position, TimestampReader
-from orchestrator.kafka_endpoint import Kafka
 
 
 class LogClients:

@@ -1,6 +1,6 @@
 """Produce archived records back into one partition of a new topic so that each lands at its
 own offset: in order, with their timestamps and headers, and with the commit markers that
-reproduce the gaps (see orchestrator.archive.restore_plan)."""
+reproduce the gaps (see orchestrator.archive_model.restore_plan)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from orchestrator.archive.restore_plan import Run
+from orchestrator.archive_model.restore_plan import Run
 from orchestrator.errors import ServiceUnavailableError
 from orchestrator.kafka.admin import kafka_errors, translate
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import LogEndProbe
 from orchestrator.kafka.producer import producer_config
-from orchestrator.kafka_endpoint import Kafka
 
 _CREATE_TIME = 1
 

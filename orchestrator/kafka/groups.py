@@ -14,7 +14,7 @@ from typing import Any, Self
 from confluent_kafka import Consumer, TopicPartition
 
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.models import Offsets
 
 

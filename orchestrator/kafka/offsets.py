@@ -34,7 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from orchestrator.errors import KappaError, NotFoundError, ServiceUnavailableError
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors, translate
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 
 __all__ = ["Bounds", "LogEndProbe", "log_bounds"]
 

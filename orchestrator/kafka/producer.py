@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from orchestrator.errors import KappaError, ServiceUnavailableError
 from orchestrator.kafka.admin import base_config, kafka_errors, translate
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 
 __all__ = ["TransactionalResult", "produce", "produce_in_transactions"]
 

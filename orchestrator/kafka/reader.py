@@ -21,8 +21,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from orchestrator.errors import KappaError, LogGapError, ServiceUnavailableError
 from orchestrator.kafka.admin import base_config, kafka_errors, translate
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import log_bounds
-from orchestrator.kafka_endpoint import Kafka
 
 __all__ = ["Record", "RecordWithHeaders", "read_all", "read_range"]
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 
 Position = tuple[str, int]
 

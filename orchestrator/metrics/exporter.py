@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from orchestrator.archive.segments import PartitionArchive
+from orchestrator.archive_model.segments import PartitionArchive
 from orchestrator.errors import ConfigError
 from orchestrator.lag import LagState
 from orchestrator.metrics.exporter_cutover import cutover_metrics

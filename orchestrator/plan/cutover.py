@@ -16,7 +16,6 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from orchestrator.aliases.diff import DiffReport
 from orchestrator.catalog import aliases, events
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.catalog.db import qualified
@@ -27,6 +26,7 @@ from orchestrator.models import VersionLag
 from orchestrator.naming import validate_name
 from orchestrator.plan.lag_wait import switch_when_lag_allows
 from orchestrator.plan.stages import Experiment, Ramp, Stage, Validate, build, from_json, to_json
+from orchestrator.serving.diff import DiffReport
 
 Say = Callable[[str], None]
 

@@ -17,26 +17,22 @@ from orchestrator.catalog import events, runs
 from orchestrator.catalog.batches import Mover, StaleDriverError, apply_batch, prune
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.groups import GroupMirror
-from orchestrator.kafka_endpoint import Kafka
 from orchestrator.models import DELETE_COLUMN, DeployedVersion, Offsets
 from orchestrator.naming import stage_table
 from orchestrator.settings import Settings
 from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.failures import BatchFailure, is_outage, root_cause
 from orchestrator.spark.shape import JobError
-from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, stage_writer
+from orchestrator.spark.writer import WRITE_RESULT_SCHEMA, connect_catalog, stage_writer
 
 if TYPE_CHECKING:
     from orchestrator.spark.heartbeat import Heartbeat
-    from orchestrator.spark.sink_reads import SinkReads
+    from orchestrator.spark.read.sink_reads import SinkReads
 
 log = logging.getLogger("kappa.driver")
 _PRUNE_EVERY = 100  # batches between two prunings of the batch records
-
-
-def connect_catalog(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
 
 
 class BatchCommit:

@@ -16,8 +16,8 @@ import os
 
 from orchestrator.spark.pyspark_path import use_installed_pyspark
 
-PRELOAD = ("pyspark.worker", "pyarrow", "pandas", "orchestrator.spark.source",
-           "orchestrator.spark.columnar", "orchestrator.kafka.reader")
+PRELOAD = ("pyspark.worker", "pyarrow", "pandas", "orchestrator.spark.read.source",
+           "orchestrator.spark.read.columnar", "orchestrator.kafka.reader")
 # Off: the daemon imports nothing before it forks (to compare, or should a preload misbehave).
 PRELOAD_VARIABLE = "KAPPA_WORKER_PRELOAD"
 

@@ -27,18 +27,19 @@ from orchestrator.lag import lag_against
 from orchestrator.logfile import RotatingLog
 from orchestrator.models import Offsets
 from orchestrator.settings import Settings, load_settings
-from orchestrator.spark.batch_commit import BatchCommit, connect_catalog
+from orchestrator.spark.batch_commit import BatchCommit
 from orchestrator.spark.checkpoint import Checkpoint, write_through_filesystem
 from orchestrator.spark.failures import first_error_line
 from orchestrator.spark.heartbeat import Heartbeat
 from orchestrator.spark.jobcode import load_transform, materialize
 from orchestrator.spark.query import JobQuery, unchanged
-from orchestrator.spark.ranges_source import KafkaRangesSource
+from orchestrator.spark.read.ranges_source import KafkaRangesSource
+from orchestrator.spark.read.source import KafkaLogSource
 from orchestrator.spark.resume import resume_point
 from orchestrator.spark.retries import Retries
 from orchestrator.spark.session import build_session, cluster_cores
 from orchestrator.spark.shape import JobError
-from orchestrator.spark.source import KafkaLogSource
+from orchestrator.spark.writer import connect_catalog
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.driver")

@@ -12,7 +12,7 @@ import psycopg
 
 from orchestrator.catalog import runs
 from orchestrator.settings import Settings
-from orchestrator.spark.batch_commit import connect_catalog
+from orchestrator.spark.writer import connect_catalog
 
 log = logging.getLogger("kappa.driver")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.errors import JobFileError
 from orchestrator.models import DeployedVersion
-from orchestrator.spark.driver_process import is_alive
+from orchestrator.spark.launch.driver_process import is_alive
 
 ENTRY_MODULE = "job"
 CODE_PREFIX = "kappa-code-"

@@ -26,7 +26,7 @@ from orchestrator.catalog.db import qualified
 from orchestrator.catalog.output import DEAD_LETTER_COLUMNS
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
-from orchestrator.kafka_endpoint import Kafka
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.models import DeployedVersion, Offsets
 from orchestrator.spark.failures import is_outage, root_cause
 

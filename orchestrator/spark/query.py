@@ -9,19 +9,19 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.archive.decoding import Decoding
 from orchestrator.archive.readable import archive_root, executor_archive_root
+from orchestrator.archive_model.decoding import Decoding
 from orchestrator.catalog.batches import StaleDriverError
-from orchestrator.kafka_endpoint import KafkaEndpoint
+from orchestrator.kafka.endpoint import KafkaEndpoint
 from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets
 from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings
 from orchestrator.spark.batch_commit import BatchCommit
 from orchestrator.spark.failures import spark_reason
-from orchestrator.spark.pruning import QUARANTINE_COLUMNS, plan_with_pruning, stand_in_sources
+from orchestrator.spark.read.pruning import QUARANTINE_COLUMNS, plan_with_pruning, stand_in_sources
+from orchestrator.spark.read.sink_reads import SinkReads, jvm_root, union
+from orchestrator.spark.read.source import KAFKA_DDL, SOURCE_NAME, source_options
 from orchestrator.spark.shape import JobError, shape_output
-from orchestrator.spark.sink_reads import SinkReads, jvm_root
-from orchestrator.spark.source import KAFKA_DDL, SOURCE_NAME, source_options
 
 LIVE_CHUNK = 2**62  # live batches are small: one Spark task per Kafka partition
 LAG_CHECK_S = 2.0  # how often a live query not yet caught up measures its lag
@@ -38,9 +38,9 @@ class JobQuery:
         self.by_sink = False  # the current query's sink reads each batch itself
 
     def sink_reads(self, live: bool) -> bool:
-        """Whether the sink reads each batch itself (spark/sink_reads.py): a batch job's
+        """Whether the sink reads each batch itself (spark/read/sink_reads.py): a batch job's
         catch-up where Spark's Parquet reader can read decoded segments, and there are some."""
-        from orchestrator.spark.archive_source import archived_segments, decoded_segments
+        from orchestrator.spark.read.archive_source import archived_segments, decoded_segments
 
         s, v = self.settings, self.version
         root = executor_archive_root(s)
@@ -199,14 +199,6 @@ class JobQuery:
 
 def unchanged(df: Any) -> Any:
     return df
-
-
-def union(streams: list[Any]) -> Any:
-    """One DataFrame of several topics' events; columns a topic lacks are null."""
-    first, *rest = streams
-    for other in rest:
-        first = first.unionByName(other, allowMissingColumns=True)
-    return first
 
 
 def _log_first_progress(query: Any) -> None:

@@ -12,8 +12,8 @@ from orchestrator.catalog import runs
 from orchestrator.catalog.batches import next_batch_id
 from orchestrator.catalog.read_accounting import clear_staged_reads
 from orchestrator.kafka.admin import log_identity
+from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import Bounds, log_bounds
-from orchestrator.kafka_endpoint import Kafka
 from orchestrator.lag import log_changed_reason, log_mismatches
 from orchestrator.log_identity import log_gone_reason, replaced
 from orchestrator.models import DeployedVersion, Offsets

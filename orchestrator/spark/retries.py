@@ -14,9 +14,10 @@ import psycopg
 from orchestrator.catalog import runs
 from orchestrator.models import DeployedVersion
 from orchestrator.settings import Settings
-from orchestrator.spark.batch_commit import BatchCommit, connect_catalog
+from orchestrator.spark.batch_commit import BatchCommit
 from orchestrator.spark.failures import POISON_ATTEMPTS, is_outage, job_error, root_cause
 from orchestrator.spark.shape import JobError
+from orchestrator.spark.writer import connect_catalog
 
 log = logging.getLogger("kappa.driver")
 T = TypeVar("T")

@@ -9,10 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE
+from orchestrator.kafka.endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE
 from orchestrator.settings import DSN_VARIABLE, Settings
-from orchestrator.spark import zygote
-from orchestrator.spark.cds import driver_java_options
+from orchestrator.spark.launch import zygote
+from orchestrator.spark.launch.cds import driver_java_options
 from orchestrator.spark.pyspark_path import WORKER_SITE
 
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -35,7 +35,7 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
         # its checkpoint was started with.)
         "spark.sql.shuffle.partitions": str(planned_cores(settings)),
         "spark.sql.adaptive.enabled": "false",
-        # A decoded catch-up names its Parquet files (spark/sink_reads.py): above 32 paths,
+        # A decoded catch-up names its Parquet files (spark/read/sink_reads.py): above 32 paths,
         # Spark would list them with a job of its own, a second per 10 M records.
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
         "spark.sql.streaming.stopGracefullyOnShutdown": "false",

@@ -39,6 +39,11 @@ def connection() -> psycopg.Connection:
     return conn
 
 
+def connect_catalog(dsn: str) -> psycopg.Connection:
+    """The driver's own catalog connection (executors use ``connection``)."""
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+
+
 def copy_rows(conn: psycopg.Connection, table: sql.Composable, columns: Sequence[str],
               rows: Any) -> None:
     with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(

@@ -78,7 +78,7 @@ def assert_batches_tile_the_log(settings: Any, job: str, version: str, topic: st
 
 def stop_drivers(service: Any) -> None:
     """Stop every driver the service's catalog shows running (a test's clean-up)."""
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     for status in service.status():
         if status.pid:
@@ -100,7 +100,7 @@ def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
     from orchestrator.dev import stack as dev_stack
     from orchestrator.service import Orchestrator
     from orchestrator.settings import Settings
-    from orchestrator.spark import spares
+    from orchestrator.spark.launch import spares
 
     # mkdtemp, not tmp_path: the embedded server runs as another user (see conftest.stack).
     state = Path(tempfile.mkdtemp(prefix=prefix))

@@ -32,7 +32,7 @@ def test_a_retried_deploy_restarts_instead_of_deploying_twice(
 
     from orchestrator.airflow.operators import KappaDeployOperator
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     service = Orchestrator(settings)
     service.produce_sample(topic, 1_000, seed=191)

@@ -54,7 +54,7 @@ def test_the_rules_use_only_series_and_labels_the_exporter_exports() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    from orchestrator.archive.segments import PartitionArchive
+    from orchestrator.archive_model.segments import PartitionArchive
     from orchestrator.metrics.exporter import KappaCollector, Sampler, Snapshot
     from orchestrator.models import AliasState, PartitionLag, VersionLag, VersionStatus
     from orchestrator.states import RunState

@@ -186,10 +186,10 @@ def test_promote_ab_rollback_history_diff_retire(service, settings, topic, tmp_p
 
 def test_a_version_that_adds_columns_splits_and_one_that_removes_or_retypes_needs_breaking(
         service, settings, topic, tmp_path: Path) -> None:
-    from orchestrator.aliases import views
     from orchestrator.errors import ConflictError
     from orchestrator.experiment.attribution import key_bucket
     from orchestrator.service import Orchestrator
+    from orchestrator.serving import views
 
     tag = uuid.uuid4().hex[:8]
     # Batches of 2,000 records: v3's max_ms is merged across batches, as MERGE says.

@@ -52,7 +52,7 @@ def _run(settings, topic: str, fail_points: str | None = None) -> int:
 def test_a_transactional_log_is_archived_offset_for_offset_across_crashes(
         settings, topic: str) -> None:
     from orchestrator.archive.parquet_store import ParquetStore
-    from orchestrator.archive.segments import checksum
+    from orchestrator.archive_model.segments import checksum
     from orchestrator.failpoints import EXIT_STATUS
     from orchestrator.kafka.offsets import log_bounds
     from orchestrator.kafka.reader import read_range
@@ -244,7 +244,7 @@ def _equal_to_the_log(settings, topic: str) -> None:
 def test_a_topic_nobody_created_is_refused_when_named_and_waited_for_otherwise(settings
                                                                                ) -> None:
     from orchestrator.archive.archiver import Archiver
-    from orchestrator.archive.segments import ArchiveError
+    from orchestrator.archive_model.segments import ArchiveError
     from orchestrator.catalog.db import connect
     from orchestrator.service import Orchestrator
 

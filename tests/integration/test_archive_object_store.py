@@ -54,7 +54,7 @@ def test_a_segment_written_to_an_s3_store_reads_back_as_written(s3_root: str) ->
     script = (
         "import sys\n"
         "from orchestrator.archive.parquet_store import ParquetStore\n"
-        "from orchestrator.archive.segments import checksum\n"
+        "from orchestrator.archive_model.segments import checksum\n"
         "records = [(i, 1_700_000_000_000 + i, 1, str(i % 7).encode(), b'{\"n\": %d}' % i,\n"
         "            [('h', b'v')] if i % 100 == 0 else None) for i in range(3_000)]\n"
         "store = ParquetStore(sys.argv[1])\n"

@@ -98,7 +98,7 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         assert mine[0]["decoded_segments"] == mine[0]["raw_segments"] == len(segments), mine
         assert mine[0]["dead_letters"] == len(reference.invalid_offsets), mine
         assert service.version_status(JOB, "v1").decoded == (len(segments), len(segments))
-        # What tells a warm spare to warm Spark's Parquet reader (spark/spare.py).
+        # What tells a warm spare to warm Spark's Parquet reader (spark/launch/spare.py).
         from orchestrator.catalog import decoded_manifest
         from orchestrator.catalog.db import connect
 

@@ -189,7 +189,7 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
 
 def _spares_started_by(state: Path) -> list[int]:
     from orchestrator.settings import Settings
-    from orchestrator.spark import launcher, spares
+    from orchestrator.spark.launch import launcher, spares
 
     directory = spares.spare_dir(Settings())  # the host's, as the commands above had it
     return [s.pid for s in spares.spares(directory) if launcher.is_alive(s.pid, s.started)

@@ -31,7 +31,7 @@ def test_postgres_killed_outside_a_batch_is_waited_out(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.dev import stack as dev_stack
     from orchestrator.failpoints import release
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     def kill_postgres() -> None:
         pid = dev_stack.status(stack.state).postgres.pid

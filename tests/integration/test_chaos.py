@@ -70,7 +70,7 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
 ) -> None:
     from orchestrator.dev import stack as dev_stack
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     # A stack of its own: this test takes its services away. Its log in memory: the chaos is in
     # the processes, and the durable log's own crashes are test_dev_stack's.

@@ -35,7 +35,7 @@ def _wait_for_death(service, pid: int, why: str, timeout_s: float) -> None:
     """Wait for the driver ``pid`` to end. The process is pinned by its create time: with
     32,768 PIDs, which the suite's JVM threads go through in minutes, a bare PID can name
     another process by the time it is polled. On timeout, what the driver was doing is printed."""
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     try:
         driver = psutil.Process(pid)

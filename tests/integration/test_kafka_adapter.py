@@ -26,7 +26,7 @@ from orchestrator.kafka.admin import ensure_topic, topic_partitions
 from orchestrator.kafka.offsets import LogEndProbe, log_bounds
 from orchestrator.kafka.producer import produce
 from orchestrator.kafka.reader import read_all, read_range
-from orchestrator.sample import sample_events
+from orchestrator.samples.sample import sample_events
 
 pytestmark = pytest.mark.integration
 

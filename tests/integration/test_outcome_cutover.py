@@ -35,7 +35,7 @@ def deployed(stack, tmp_path_factory: pytest.TempPathFactory):
     the application's table, and the keys both versions have."""
     from orchestrator.service import Orchestrator
     from orchestrator.settings import Settings
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     tag = uuid.uuid4().hex[:8]
     tmp = tmp_path_factory.mktemp("outcomes")

@@ -1,6 +1,6 @@
-"""Read tasks build and move only the source columns a job reads (orchestrator/spark/pruning.py):
-a job that reads the Kafka key, headers and timestamp still gets them exactly, and
-pageview_counts' sources declare only the columns its plan reads."""
+"""Read tasks build and move only the source columns a job reads
+(orchestrator/spark/read/pruning.py): a job that reads the Kafka key, headers and timestamp
+still gets them exactly, and pageview_counts' sources declare only the columns its plan reads."""
 
 from __future__ import annotations
 

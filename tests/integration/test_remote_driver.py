@@ -19,7 +19,7 @@ JOB = "pageview_counts"
 def test_a_driver_on_another_host_is_not_failed_and_stops_itself(settings, topic,
                                                                  tmp_path: Path) -> None:
     from orchestrator.service import Orchestrator
-    from orchestrator.spark import launcher
+    from orchestrator.spark.launch import launcher
 
     service = Orchestrator(settings)
     service.produce_sample(topic, 1_000, seed=197)

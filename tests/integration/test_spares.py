@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from orchestrator.service import Orchestrator
-from orchestrator.spark import launcher, spares
+from orchestrator.spark.launch import launcher, spares
 
 from conftest import job_file, wait_until
 from integration.helpers import dead_letters, output
@@ -53,8 +53,8 @@ def _is_zygote(process: psutil.Process) -> bool:
     A process that has exited meanwhile (a zombie not yet reaped included) is neither."""
     try:
         parent = process.parent()
-        return "orchestrator.spark.zygote" in " ".join(process.cmdline()) and (
-            parent is None or "orchestrator.spark.zygote" not in " ".join(parent.cmdline()))
+        return "orchestrator.spark.launch.zygote" in " ".join(process.cmdline()) and (
+            parent is None or "orchestrator.spark.launch.zygote" not in " ".join(parent.cmdline()))
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
 

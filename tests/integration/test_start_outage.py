@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from orchestrator.archive.segments import check_contiguous
+from orchestrator.archive_model.segments import check_contiguous
 
 from conftest import job_file, wait_until
 from integration.helpers import output, own_stack

@@ -81,7 +81,7 @@ def _route(conn: psycopg.Connection, s: Any, job: str, primary: str, candidate: 
 
 
 def _define(conn: psycopg.Connection, s: Any, job: str, versions: list[Any]) -> None:
-    from orchestrator.aliases import views
+    from orchestrator.serving import views
 
     views.define_view(conn, catalog_schema=s.catalog_schema, data_schema=s.data_schema,
                       serving_schema=s.serving_schema, reader_role=s.reader_role, alias=job,

@@ -394,7 +394,7 @@ def _produce_over_minutes(bootstrap: str, topic: str, count: int, *, seed: int, 
     from confluent_kafka import Producer
 
     from orchestrator.kafka.admin import ensure_topic
-    from orchestrator.sample import sample_events
+    from orchestrator.samples.sample import sample_events
 
     ensure_topic(bootstrap, topic, 4)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})

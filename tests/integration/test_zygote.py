@@ -17,12 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.spark.launch.zygote_client import HASH_SEED_VARIABLE, SOCKET_VARIABLE
 from orchestrator.spark.pyspark_path import WORKER_SITE
-from orchestrator.spark.zygote_client import HASH_SEED_VARIABLE, SOCKET_VARIABLE
 
 from conftest import wait_until
 
 pytestmark = [pytest.mark.integration]
+ZYGOTE = "orchestrator.spark.launch.zygote"
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def _close(daemon: subprocess.Popen[bytes]) -> int:
 # batch), which holds their imports for them.
 @pytest.mark.parametrize("module", ["pyspark.daemon", "orchestrator.spark.daemon"])
 def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, module: str) -> None:
-    zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
+    zygote = subprocess.Popen([sys.executable, "-m", ZYGOTE, socket_path],
                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
@@ -69,7 +70,7 @@ def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, modul
         port = _port(daemon)
         assert 0 < port < 65536  # written by the forked daemon into the starter's stdout
         (forked,) = psutil.Process(zygote.pid).children()
-        assert "orchestrator.spark.zygote" in " ".join(forked.cmdline())
+        assert "orchestrator.spark.launch.zygote" in " ".join(forked.cmdline())
         assert psutil.Process(daemon.pid).children() == []  # the starter only waits
         assert not _listens(daemon.pid, port)  # the forked child does
         assert _close(daemon) == 1  # its stdin closed: 1, as when started alone
@@ -91,9 +92,9 @@ def test_the_starter_exits_with_the_status_of_the_process_run_for_it(socket_path
     """The streaming source's runner, started with no JVM to answer it, fails (status 1): run
     by the zygote (its traceback comes from the zygote's child), its starter exits with that
     status, as the runner started alone does."""
-    from orchestrator.spark.zygote_client import RUNNER
+    from orchestrator.spark.launch.zygote_client import RUNNER
 
-    zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
+    zygote = subprocess.Popen([sys.executable, "-m", ZYGOTE, socket_path],
                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
@@ -105,7 +106,7 @@ def test_the_starter_exits_with_the_status_of_the_process_run_for_it(socket_path
             done = subprocess.run([sys.executable, "-m", RUNNER, "pyspark.worker"], env=env,
                                   check=False, stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, timeout=60)
-            ran[path] = (done.returncode, "orchestrator/spark/zygote.py" in done.stderr)
+            ran[path] = (done.returncode, "orchestrator/spark/launch/zygote.py" in done.stderr)
         assert ran == {socket_path: (1, True), socket_path + ".none": (1, False)}
     finally:
         zygote.terminate()
@@ -120,7 +121,7 @@ def _listens(pid: int, port: int) -> bool:
 def test_a_process_asking_for_another_hash_seed_starts_on_its_own(socket_path: str) -> None:
     """A forked child keeps the zygote's hash seed: one that asks for another is not handed
     over, or its string hashes would differ from its peers'."""
-    zygote = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.zygote", socket_path],
+    zygote = subprocess.Popen([sys.executable, "-m", ZYGOTE, socket_path],
                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)

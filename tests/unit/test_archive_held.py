@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.archive.coverage import covering_from, spans
-from orchestrator.archive.held import archive_falls_short, readable_bounds
-from orchestrator.archive.segments import Lineage, Segment
+from orchestrator.archive_model.held import archive_falls_short, readable_bounds
+from orchestrator.archive_model.segments import Lineage, Segment
 from orchestrator.errors import LogGapError
 from orchestrator.lag import replay_start
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.archive.parquet_store import ParquetStore
-from orchestrator.archive.segments import (
+from orchestrator.archive_model.segments import (
     ArchiveError,
     Lineage,
     PartitionArchive,

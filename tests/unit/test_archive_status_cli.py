@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from orchestrator.archive.segments import PartitionArchive
+from orchestrator.archive_model.segments import PartitionArchive
 from orchestrator.cli.archive import run_archive
 
 ROWS = (

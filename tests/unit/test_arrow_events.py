@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.archive.parquet_store import to_table
-from orchestrator.archive.segments import ArchivedRecord, checksum
 from orchestrator.archive.table_checksum import table_checksum
+from orchestrator.archive_model.segments import ArchivedRecord, checksum
 from orchestrator.parsing import EventParser
-from orchestrator.sample import sample_events
+from orchestrator.samples.sample import sample_events
 from orchestrator.schema import parse_ddl
-from orchestrator.spark.arrow import arrow_fields
-from orchestrator.spark.arrow_events import ArrowEventParser
-from orchestrator.spark.batch_builder import KAFKA_FIELDS, BatchBuilder
-from orchestrator.spark.columnar import ColumnarParser
+from orchestrator.spark.read.arrow import arrow_fields
+from orchestrator.spark.read.arrow_events import ArrowEventParser
+from orchestrator.spark.read.batch_builder import KAFKA_FIELDS, BatchBuilder
+from orchestrator.spark.read.columnar import ColumnarParser
 
 PAGE_VIEWS = "user_id bigint, url string, ts bigint, duration_ms bigint"
 NARROW = "n int, flag boolean, s string, tiny tinyint"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spark import cds
+from orchestrator.spark.launch import cds
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.parsing import EventParser
-from orchestrator.sample import sample_events
+from orchestrator.samples.sample import sample_events
 from orchestrator.schema import INTEGER_BITS, Primitive, Struct, from_flat, parse_ddl
-from orchestrator.spark import source
-from orchestrator.spark.arrow import arrow_fields
-from orchestrator.spark.batch_builder import _HEADER, KAFKA_FIELDS, BatchBuilder, kafka_arrays
-from orchestrator.spark.columnar import ColumnarParser
+from orchestrator.spark.read import source
+from orchestrator.spark.read.arrow import arrow_fields
+from orchestrator.spark.read.batch_builder import _HEADER, KAFKA_FIELDS, BatchBuilder, kafka_arrays
+from orchestrator.spark.read.columnar import ColumnarParser
 
 Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
 FLAT_TYPES = ("bigint", "int", "smallint", "tinyint", "string", "boolean")

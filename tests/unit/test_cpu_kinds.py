@@ -22,7 +22,7 @@ VENV = "/ci/main/.venv/bin/python"
     # A driver's log lies under pytest's tmp: still a driver.
     (f"{VENV} -m orchestrator.spark.driver --job j --version v1 --attempt 1 --log "
      "/tmp/pytest-of-root/pytest-2/test_x0/state/log", "drivers (Python)"),
-    (f"{VENV} -m orchestrator.spark.zygote /tmp/kappa-zygote-1/zygote.sock",
+    (f"{VENV} -m orchestrator.spark.launch.zygote /tmp/kappa-zygote-1/zygote.sock",
      "drivers' Python workers (the zygote and its forks)"),
     (f"{VENV} -m pyspark.daemon pyspark.sql.worker.lookup_data_sources",
      "drivers' Python workers (started)"),

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from orchestrator.archive.segments import PartitionArchive
+from orchestrator.archive_model.segments import PartitionArchive
 from orchestrator.lag import LagState
 from orchestrator.metrics import dashboard
 from orchestrator.metrics.dashboard_archive import TITLES as ARCHIVE_TITLES

@@ -27,13 +27,13 @@ from orchestrator.archive.decoder import (
     rows_schema,
     split_decoded,
 )
-from orchestrator.archive.decoding import Decoding
 from orchestrator.archive.parquet_store import parquet_bytes, to_table
-from orchestrator.archive.segments import ArchivedRecord
+from orchestrator.archive_model.decoding import Decoding
+from orchestrator.archive_model.segments import ArchivedRecord
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
-from orchestrator.spark.batch_builder import ROWS_PER_ARROW_BATCH, BatchBuilder
+from orchestrator.spark.read.batch_builder import ROWS_PER_ARROW_BATCH, BatchBuilder
 
 FLAT = "user_id bigint, url string, ts bigint, duration_ms bigint"  # the Arrow fast path
 NARROW = "n int, flag boolean, s string, tiny tinyint"  # also the Arrow path

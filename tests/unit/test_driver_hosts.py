@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import psutil
 
 from orchestrator.models import RunRecord
-from orchestrator.spark import launcher
+from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.archive import end_watch
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
-from orchestrator.archive.segments import Lineage
+from orchestrator.archive_model.segments import Lineage
 from orchestrator.log_identity import LogIdentity
 
 ROOT = Lineage("cluster", "pageviews", "old-id")

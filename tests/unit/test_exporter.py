@@ -121,7 +121,7 @@ def test_an_unknown_time_lag_is_no_series_never_zero() -> None:
 
 
 def test_a_partition_behind_without_a_timestamp_has_an_unknown_age() -> None:
-    from orchestrator.monitor import _age, _oldest
+    from orchestrator.observe.monitor import _age, _oldest
 
     assert _age(1000.0, None, behind=False) == 0.0
     assert _age(1000.0, None, behind=True) is None
@@ -132,7 +132,7 @@ def test_a_partition_behind_without_a_timestamp_has_an_unknown_age() -> None:
 
 
 def test_the_archive_of_the_current_lineage_is_exported_and_unknown_is_no_series() -> None:
-    from orchestrator.archive.segments import PartitionArchive
+    from orchestrator.archive_model.segments import PartitionArchive
 
     rows = (PartitionArchive("pageviews", 0, "c-t2", True, 0, 900, 2, 880, 20, 4096, 0, 1000,
                              3.5),

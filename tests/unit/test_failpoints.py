@@ -112,8 +112,8 @@ def test_a_pause_without_its_release_directory_says_what_to_set(
 
 
 def test_the_readme_lists_every_point() -> None:
-    """An operator learns the points from the README: one the code checks must be there."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """An operator learns the points from the operations page: one the code checks must be there."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     begins = readme.index("The points:", readme.index("**Fail points.**"))
     listed = readme[begins:].split("\n\n", 1)[0]  # that paragraph only
     assert [p for p in POINTS if f"`{p}`" not in listed] == []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.kafka_endpoint import SECRET_PROPERTIES, SECRETS_VARIABLE
+from orchestrator.kafka.endpoint import SECRET_PROPERTIES, SECRETS_VARIABLE
 from orchestrator.models import TopicInput
 from orchestrator.settings import load_settings
 
@@ -31,9 +31,9 @@ def test_a_secret_property_in_kappa_toml_is_refused(tmp_path: Path, name: str) -
 
 
 def test_secrets_from_the_environment_reach_clients_and_nothing_else(tmp_path: Path) -> None:
-    from orchestrator.spark.launcher import driver_environment
+    from orchestrator.spark.launch.launcher import driver_environment
+    from orchestrator.spark.read.source import source_options
     from orchestrator.spark.session import _REDACT, spark_conf
-    from orchestrator.spark.source import source_options
 
     s = load_settings(env=ENV, cwd=tmp_path)
     config = s.kafka.client_config()

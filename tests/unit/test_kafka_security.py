@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.kafka.admin import base_config
-from orchestrator.kafka_endpoint import PASSWORD_VARIABLE, KafkaEndpoint
+from orchestrator.kafka.endpoint import PASSWORD_VARIABLE, KafkaEndpoint
 from orchestrator.settings import load_settings
 
 SASL_ENV = {"KAPPA_KAFKA_BOOTSTRAP": "b:9093", "KAPPA_KAFKA_SECURITY_PROTOCOL": "sasl_ssl",
@@ -116,14 +116,14 @@ def test_a_read_task_pickled_for_the_executors_carries_no_secret(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """#47, path 7: pyspark pickles the stream reader into every read task. The reader held the
     endpoint with its SASL password, so the password travelled in each task and sat in Spark's
-    task files, against kafka_endpoint.py's promise. The executor builds it again from its own
+    task files, against kafka/endpoint.py's promise. The executor builds it again from its own
     environment."""
     import json
 
     from pyspark import cloudpickle  # what pyspark pickles read tasks with
 
-    from orchestrator.kafka_endpoint import SECRETS_VARIABLE
-    from orchestrator.spark.source import KafkaStreamReader
+    from orchestrator.kafka.endpoint import SECRETS_VARIABLE
+    from orchestrator.spark.read.source import KafkaStreamReader
 
     password, key_secret = "pw-3f9c1e7a", "key-pw-8d2b6c40"
     monkeypatch.setenv(PASSWORD_VARIABLE, password)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.spark.pruning import QUARANTINE_COLUMNS, pruned_columns
+from orchestrator.spark.read.pruning import QUARANTINE_COLUMNS, pruned_columns
 
 FIELDS = ("user_id", "url", "ts", "duration_ms")
 

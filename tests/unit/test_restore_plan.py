@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.archive.restore_plan import Run, plan_runs
-from orchestrator.archive.segments import ArchiveError
+from orchestrator.archive_model.restore_plan import Run, plan_runs
+from orchestrator.archive_model.segments import ArchiveError
 
 
 def _records(*offsets: int) -> list:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import KappaError
-from orchestrator.sample import INVALID_KINDS, sample_events
-from orchestrator.sample_profiles import COUNTRIES, TAGS, sample_profiles
-from orchestrator.sample_profiles import INVALID_KINDS as INVALID_PROFILE_KINDS
+from orchestrator.samples.sample import INVALID_KINDS, sample_events
+from orchestrator.samples.sample_profiles import COUNTRIES, TAGS, sample_profiles
+from orchestrator.samples.sample_profiles import INVALID_KINDS as INVALID_PROFILE_KINDS
 
 FIELDS = ("user_id", "url", "ts", "duration_ms")
 N = 100_000
@@ -216,7 +216,7 @@ def test_bad_parameters_raise_a_one_line_error_at_the_call(kw: dict[str, Any]) -
 
 
 # The profile changelog ------------------------------------------------------------------------
-# Classified from the module docstring of orchestrator.sample_profiles, independently.
+# Classified from the module docstring of orchestrator.samples.sample_profiles, independently.
 
 PROFILE_FIELDS = ["user_id", "plan", "address", "tags", "updated_at"]
 PROFILE_KINDS = ("not_json", "missing_field", "wrong_type")

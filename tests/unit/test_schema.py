@@ -32,7 +32,7 @@ from orchestrator.schema import (
     from_flat,
     parse_ddl,
 )
-from orchestrator.spark.arrow import arrow_fields, arrow_type
+from orchestrator.spark.read.arrow import arrow_fields, arrow_type
 
 BIGINT, INT, STRING, DOUBLE = (Primitive(n) for n in ("bigint", "int", "string", "double"))
 NESTED = (

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from orchestrator.settings import Settings
-from orchestrator.spark import launcher, spares
+from orchestrator.spark.launch import launcher, spares
 
 ENV = {"PATH": "/usr/bin"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.settings import Settings, load_settings
-from orchestrator.spark import spares
+from orchestrator.spark.launch import spares
 
 BASE = Settings(state_dir=Path("/tmp/a"), pg_dsn="postgresql://u:p@h/db",
                 kafka_bootstrap="127.0.0.1:9092")
@@ -36,7 +36,7 @@ def test_the_driver_class_archive_built_meanwhile_leaves_it_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spare started before the class archive existed (a fresh machine, `kappa dev up`) has
     paid its start already: the archive appearing must not withdraw it at the next deploy."""
-    from orchestrator.spark import cds
+    from orchestrator.spark.launch import cds
 
     monkeypatch.setenv(cds.DIR_VARIABLE, str(tmp_path))
     monkeypatch.setenv(cds.DISABLE_VARIABLE, "on")

@@ -35,8 +35,8 @@ def relayed(inner: str) -> Exception:
         "thrown from the Python worker: Traceback (most recent call last):\n"
         '  File "/work/main/orchestrator/archive/parquet_store.py", line 107, in read_table\n'
         '    raise ArchiveError(f"cannot read a segment: {exc} (segment {location}): the "\n'
-        f"orchestrator.archive.segments.ArchiveError: cannot read a segment: {inner} (segment "
-        f"kappa-archive/{KEY}): the store was away, or the segment is gone or damaged; "
+        f"orchestrator.archive_model.segments.ArchiveError: cannot read a segment: {inner} "
+        f"(segment kappa-archive/{KEY}): the store was away, or the segment is gone or damaged; "
         "once the store answers, run `kappa archive verify`\n"
         " SQLSTATE: 38000\n"
         "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException"
@@ -73,8 +73,8 @@ def test_a_store_that_refuses_the_key_fails_at_once_wherever_it_was_asked(text: 
 
 def test_a_segment_that_differs_from_its_manifest_still_fails_at_once() -> None:
     exc = Exception(
-        f"orchestrator.archive.segments.ArchiveError: segment kappa-archive/{KEY} differs from "
-        "the archive's manifest (1,542 records against 1,543, or another checksum): run "
+        f"orchestrator.archive_model.segments.ArchiveError: segment kappa-archive/{KEY} differs "
+        "from the archive's manifest (1,542 records against 1,543, or another checksum): run "
         "`kappa archive verify`, then restore the segment from a backup")
     mistake = job_error(exc)
     assert mistake is not None and "differs from the archive's manifest" in str(mistake)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from orchestrator.errors import KappaError
-from orchestrator.supervisor import HEALTHY_AFTER_S, MAX_DELAY_S, Supervisor
+from orchestrator.observe.supervisor import HEALTHY_AFTER_S, MAX_DELAY_S, Supervisor
 
 
 @dataclass

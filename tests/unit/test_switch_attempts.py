@@ -1,6 +1,6 @@
 """How a switch asks the broker for lags it has no fresh sample of: it lets the lock go, asks,
-and locks again (orchestrator/switch_flow.py). The catalog and the broker are faked here: what
-is under test is which versions get asked, and when the switch stops asking."""
+and locks again (orchestrator/serving/switch_flow.py). The catalog and the broker are faked
+here: what is under test is which versions get asked, and when the switch stops asking."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import switch_flow
-from orchestrator.catalog import switch_io
 from orchestrator.routing import Routing
+from orchestrator.serving import switch_flow, switch_io
+from orchestrator.serving.switch_gates import SwitchFacts, VersionFacts
 from orchestrator.states import RunState
-from orchestrator.switch_gates import SwitchFacts, VersionFacts
 
 MAX_LAG = 100
 

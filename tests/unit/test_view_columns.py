@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.aliases.columns import change, check_split, fits, shape
 from orchestrator.errors import ConflictError
 from orchestrator.models import DeployedVersion
+from orchestrator.serving.columns import change, check_split, fits, shape
 
 
 def _version(label: str, schema: dict[str, str], keys: tuple[str, ...] = ("user_id",)
@@ -69,7 +69,7 @@ def test_removing_or_retyping_a_column_needs_breaking_and_other_keys_never_split
 
 
 def test_a_retyped_column_is_cast_to_text_only_in_the_branch_that_differs() -> None:
-    from orchestrator.aliases.views import view_query
+    from orchestrator.serving.views import view_query
 
     v1 = _version("v1", V1)
     retyped = _version("v3", {**V1, "plan": "bigint"})
@@ -81,7 +81,7 @@ def test_a_retyped_column_is_cast_to_text_only_in_the_branch_that_differs() -> N
 
 
 def test_two_versions_that_add_one_column_with_two_types_never_share_the_view() -> None:
-    from orchestrator.switching import Switchboard
+    from orchestrator.serving.switching import Switchboard
 
     v1 = _version("v1", V1)
     v2, v3 = _version("v2", {**V1, "score": "bigint"}), _version("v3", {**V1, "score": "text"})

@@ -11,8 +11,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _chain() -> None:
     try:
-        # A process the driver's zygote can run for it exits here (orchestrator.spark.zygote).
-        from orchestrator.spark.zygote_client import hand_over
+        # A process the driver's zygote can run for it exits here (spark/launch/zygote.py).
+        from orchestrator.spark.launch.zygote_client import hand_over
 
         hand_over()
     except Exception:

@@ -1,0 +1,127 @@
+"""Decoded segments' domain: a *decoding* is what decides, for one raw record, its row or its
+dead letter; a decoded segment is one raw segment's records, decoded once and kept typed.
+
+A topic is replayed once per version, and between two versions the transform changes far more
+often than the event schema: every version whose decoding is the same reads the same decoded
+segments, with no parse. No driver library here: the fingerprint, the names and the manifest
+rows are plain Python, so that the archiver, the read path and the status agree on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from orchestrator.archive_model.segments import ArchiveError, Lineage, segment_name
+from orchestrator.models import TopicInput
+
+# Raised whenever what decides a row or a dead letter changes in the code (a parser's rule, an
+# error's words, a column's type): segments of an older decoder are then never read.
+DECODER_VERSION = 1
+DECODED_DIRECTORY = "decoded"
+# The columns a decoded segment adds to the rows: a dead letter's reason (null on a row), and
+# its key and value as the log held them.
+DEAD_REASON, DEAD_KEY, DEAD_VALUE = "_dead_reason", "_dead_key", "_dead_value"
+# The Kafka metadata a decoding keeps beside the fields. Both always, for now: a version's
+# pruned columns are known only once its driver plans its query, and the archiver decodes
+# before that. A narrower decoding is another fingerprint, so this can change without harm.
+METADATA = ("kafka_key", "kafka_headers")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The event schema, its validation rules and the metadata kept: equal decodings give
+    equal rows and dead letters for every record."""
+
+    schema: str  # canonical Spark DDL (orchestrator.schema)
+    non_negative: tuple[str, ...]
+    tombstones: str  # TOMBSTONE_RULES
+    metadata: tuple[str, ...] = METADATA
+    decoder: int = DECODER_VERSION
+
+    @classmethod
+    def of(cls, source: TopicInput) -> Decoding:
+        return cls(source.schema, tuple(sorted(source.non_negative)), source.tombstones)
+
+    def to_json(self) -> dict[str, object]:
+        return {"schema": self.schema, "non_negative": list(self.non_negative),
+                "tombstones": self.tombstones, "metadata": list(self.metadata),
+                "decoder": self.decoder}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Decoding:
+        non_negative, metadata = data["non_negative"], data["metadata"]
+        assert isinstance(non_negative, list) and isinstance(metadata, list)
+        return cls(str(data["schema"]), tuple(map(str, non_negative)), str(data["tombstones"]),
+                   tuple(map(str, metadata)), int(str(data["decoder"])))
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the canonical JSON: a directory name and a key."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DecodedSegment:
+    """A manifest row: the raw segment [first_offset, end_offset) of one partition of one
+    lineage, decoded under ``decoding``. Its gaps are the raw segment's: every offset is still
+    a row, a dead letter or a gap."""
+
+    decoding: str  # fingerprint
+    lineage: Lineage
+    partition: int
+    first_offset: int
+    end_offset: int
+    rows: int
+    dead_letters: int
+    bytes: int
+    checksum: str  # SHA-256 of the file
+    raw_checksum: str  # the raw segment's manifest checksum: what it was decoded from
+    path: str  # relative to the archive root
+
+    def __post_init__(self) -> None:
+        if self.rows < 0 or self.dead_letters < 0 or \
+                self.rows + self.dead_letters > self.end_offset - self.first_offset:
+            raise ArchiveError(
+                f"decoded segment {self.path}: {self.rows} rows and {self.dead_letters} dead "
+                f"letters do not fit the {self.end_offset - self.first_offset} offsets of "
+                f"[{self.first_offset}, {self.end_offset})")
+
+    @property
+    def records(self) -> int:
+        return self.rows + self.dead_letters
+
+
+def decoded_path(fingerprint: str, lineage: Lineage, partition: int, first_offset: int,
+                 end_offset: int) -> str:
+    """Under its own directory per decoding, so that pruning one removes one tree."""
+    return (f"{DECODED_DIRECTORY}/{fingerprint}/{lineage.directory(partition)}/"
+            f"{segment_name(first_offset, end_offset)}")
+
+
+@dataclass(frozen=True)
+class DecodingProgress:
+    """What `kappa archive status` shows of one decoding of one lineage."""
+
+    decoding: str
+    root: Lineage
+    in_use: bool  # a version that is not retired reads this lineage under this decoding
+    raw_segments: int
+    decoded_segments: int
+    rows: int
+    dead_letters: int
+    bytes: int
+
+    @property
+    def topic(self) -> str:
+        return self.root.topic
+
+    @property
+    def lineage(self) -> str:
+        return f"{self.root.cluster_id}-{self.root.topic_id}"
+
+    @property
+    def pending(self) -> int:
+        return max(0, self.raw_segments - self.decoded_segments)

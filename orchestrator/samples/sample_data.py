@@ -1,0 +1,52 @@
+"""Deterministic sample records written to a topic: `kappa produce-sample`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from orchestrator.errors import KappaError
+from orchestrator.settings import Settings
+
+
+def produce_sample(settings: Settings, topic: str, count: int, seed: int,
+                   rate: float | None = None, partitions: int = 4, *, kind: str | None = None,
+                   users: int | None = None, invalid_share: float | None = None,
+                   transactional: bool = False) -> int:
+    """Produce ``count`` deterministic sample records for ``seed`` to ``topic``; return how
+    many reached the log.
+
+    ``transactional``: in transactions of 1,000 records, every 5th aborted (its records reach
+    the log and take offsets, but read_committed readers skip them).
+
+    ``kind``: "pageviews" (orchestrator.samples.sample) or "profiles" (a changelog with tombstones,
+    orchestrator.samples.sample_profiles); None picks "profiles" for a topic whose name starts with
+    "profiles", else "pageviews". ``users``/``invalid_share``: None keeps the generator's
+    default. Arguments are checked before the topic is created.
+    """
+    from orchestrator.kafka.admin import ensure_topic
+    from orchestrator.kafka.producer import produce, produce_in_transactions
+
+    if kind is None:
+        kind = "profiles" if topic.startswith("profiles") else "pageviews"
+    records: Iterator[tuple[bytes, bytes | None]]
+    if kind == "pageviews":
+        from orchestrator.samples.sample import USERS, sample_events
+
+        records = sample_events(count, seed, users=USERS if users is None else users,
+                                invalid_share=invalid_share)
+    elif kind == "profiles":
+        from orchestrator.samples import sample_profiles as profiles
+
+        records = profiles.sample_profiles(
+            count, seed, users=profiles.USERS if users is None else users,
+            invalid_share=profiles.INVALID_SHARE if invalid_share is None else invalid_share)
+    else:
+        raise KappaError(f"unknown sample kind {kind!r}: use pageviews or profiles")
+    _, bootstrap = settings.require_services()
+    ensure_topic(bootstrap, topic, partitions)
+    if transactional:
+        if rate is not None:
+            raise KappaError("--transactional produces as fast as it can: drop --rate")
+        result = produce_in_transactions(bootstrap, topic, records)
+        return result.committed + result.aborted
+    return produce(bootstrap, topic, records, rate=rate)

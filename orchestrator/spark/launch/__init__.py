@@ -1,0 +1,1 @@
+"""Starting drivers: the launcher, warm spares, the zygote and the class archive."""

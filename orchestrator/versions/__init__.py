@@ -1,0 +1,1 @@
+"""A job version's life: deploy, restart, stop, and what is reported about it."""
