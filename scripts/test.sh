@@ -48,7 +48,7 @@ fi
 # Drivers start with a third less CPU once the class archive exists (orchestrator/spark/launch/cds.py);
 # the first driver would start building it under the suite's full load. Started here, it is
 # ready before most drivers start.
-python -c "from orchestrator.spark import cds; cds.build_in_background()"
+python -c "from orchestrator.spark.launch import cds; cds.build_in_background()"
 # mypy checks while the first tests start their services; its verdict counts all the same.
 mypy_out=$(mktemp)
 mypy >"$mypy_out" 2>&1 &

@@ -1,0 +1,1 @@
+"""The catalog in PostgreSQL: numbered migrations, connections, one module per table family."""

@@ -1,0 +1,1 @@
+"""The `kappa` command line: parse, call one facade method, print (rich, or --json)."""

@@ -1,1 +1,2 @@
-"""Watching versions: lag math, measuring it, and the agent that keeps drivers running."""
+"""Watching versions: measuring their lag against the log, and the agent's supervisor that
+restarts the drivers of its host that died without a word."""

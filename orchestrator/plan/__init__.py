@@ -1,0 +1,2 @@
+"""Resumable plans of stages: the cutover (validate, ramp, soak, promote), the outcome
+experiment's looks, and lag waits."""

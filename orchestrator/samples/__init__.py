@@ -1,1 +1,1 @@
-"""Sample data and the demo: the pageview story, its profiles and producer."""
+"""Sample data and the demo: the pageview story, its profiles and its producer."""

@@ -1,1 +1,2 @@
-"""Read aliases: the views readers query, their routing, and the switches between versions."""
+"""Read aliases: the views readers query, and the switches (promote, A/B, rollback) between
+versions. The routing itself is domain (orchestrator/routing.py)."""
