@@ -61,6 +61,7 @@ POINTS = (
     "restore.before_check",  # a topic's records are produced; their read-back check is next
     "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends
     "ack_proxy.before_forward",  # a Produce's ends are synced; its producer has not heard yet
+    "queue.after_claim",  # replay slots are claimed (committed); no driver launched yet
 )
 
 

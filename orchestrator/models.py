@@ -172,6 +172,8 @@ class RunRecord:
     heartbeat_at: datetime | None
     caught_up_at: datetime | None
     busy_since: datetime | None = None  # when the driver's current batch began
+    priority: int = 0  # its place in the replay queue: higher first, then queued_at
+    queued_at: datetime | None = None  # when it joined the replay queue (None: never queued)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import psycopg
 from orchestrator.archive import archiving
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.desks.outcomes import OutcomeDesk
+from orchestrator.desks.replays import ReplayDesk
 from orchestrator.desks.switches import SwitchDesk
 from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.lag import Thresholds
@@ -35,14 +36,13 @@ class Orchestrator:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or load_settings()
         self.catalog = CatalogAccess(self.settings)
-        self.switches, self.outcomes = SwitchDesk(self.catalog), OutcomeDesk(self.catalog)
+        self.switches, self.outcomes, self.replays = (
+            SwitchDesk(self.catalog), OutcomeDesk(self.catalog), ReplayDesk(self.catalog))
 
-    def _catalog(self) -> AbstractContextManager[psycopg.Connection]:
-        """A catalog connection, for tools and tests that read the catalog themselves."""
+    def _catalog(self) -> AbstractContextManager[psycopg.Connection]:  # for tools and tests
         return self.catalog.connection()
 
-    def _switching(self) -> AbstractContextManager[Switchboard]:
-        """A switchboard on the connection that every switch of this service uses."""
+    def _switching(self) -> AbstractContextManager[Switchboard]:  # on the switches' connection
         return self.switches.switching()
 
     def close(self) -> None:
@@ -50,8 +50,9 @@ class Orchestrator:
         self.catalog.close()
 
     # Deploying and controlling ---------------------------------------------------------------
-    def deploy(self, job_file: str | Path, *, allow_gap: bool = False) -> DeployResult:
-        return deploying.deploy(self.catalog, self.switches, job_file, allow_gap=allow_gap)
+    def deploy(self, job_file: str | Path, *, allow_gap: bool = False, priority: int | str = 0
+               ) -> DeployResult:
+        return deploying.deploy(self.catalog, self.switches, job_file, allow_gap, priority)
 
     def stop(self, job: str, version: str) -> VersionStatus:
         return lifecycle.stop(self.catalog, job, version)

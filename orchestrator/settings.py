@@ -96,6 +96,10 @@ class Settings:
     # The Python processes a driver's JVM starts on its host are forked from a process that has
     # imported pyspark and the log source once (spark/launch/zygote.py); false: each starts afresh.
     python_fork_server: bool = True
+    # Catch-ups (versions replaying toward the log end, not yet caught up) that run at once; a
+    # deploy over it waits in the replay queue (`kappa queue`) until one catches up. None: half
+    # this host's cores, at least 2 (a catch-up's driver keeps two cores busy); 0: no budget.
+    replay_slots: int | None = None
     heartbeat_interval_s: float = 2.0  # how often a driver records that it is alive
     # A driver on another host that has not beaten for this long counts as dead.
     heartbeat_timeout_s: float = 30.0
@@ -121,6 +125,16 @@ class Settings:
     alias_version_column: str | None = None
     # Prometheus's base URL (e.g. http://127.0.0.1:9090), where PromQL outcome metrics are read.
     prometheus_url: str | None = None
+
+    @property
+    def replay_budget(self) -> int | None:
+        """Catch-ups that may run at once; None: no budget (replay_slots = 0)."""
+        if self.replay_slots is None:
+            return max(2, (os.cpu_count() or 2) // 2)
+        if self.replay_slots < 0:
+            raise ConfigError(f"setting replay_slots={self.replay_slots} is negative: give the "
+                              "number of catch-ups that may run at once, or 0 for no budget")
+        return self.replay_slots or None
 
     @property
     def dev_stack_file(self) -> Path:
@@ -290,6 +304,7 @@ def load_settings(
                 pg_dsn=settings.pg_dsn or stack.get("pg_dsn"),
                 kafka_bootstrap=settings.kafka_bootstrap or stack.get("kafka_bootstrap"),
             )
+    settings.replay_budget  # noqa: B018 - refuse a budget that cannot be, at load
     if settings.kafka_bootstrap:
         settings.kafka  # noqa: B018 - refuse security settings that do not fit, at load
     return settings

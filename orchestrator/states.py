@@ -9,6 +9,7 @@ from orchestrator.errors import StateError
 
 class RunState(StrEnum):
     REGISTERED = "registered"  # deployed, table created, no driver started yet
+    QUEUED = "queued"  # waiting for a replay slot (replay_slots); the agent starts it
     STARTING = "starting"  # driver process launched, Spark not yet reading
     REPLAYING = "replaying"  # reading the log from the beginning (catch-up profile)
     CAUGHT_UP = "caught_up"  # reached the log end; switching to the live profile
@@ -26,8 +27,12 @@ class RunState(StrEnum):
 _ACTIVE = frozenset({RunState.STARTING, RunState.REPLAYING, RunState.CAUGHT_UP, RunState.LIVE})
 
 ALLOWED: dict[RunState, frozenset[RunState]] = {
-    RunState.REGISTERED: frozenset({RunState.STARTING, RunState.RETIRED}),
-    RunState.STARTING: frozenset({RunState.REPLAYING, RunState.STOPPED, RunState.FAILED}),
+    RunState.REGISTERED: frozenset({RunState.QUEUED, RunState.STARTING, RunState.RETIRED}),
+    RunState.QUEUED: frozenset({RunState.STARTING, RunState.STOPPED, RunState.FAILED,
+                                RunState.RETIRED}),
+    # Back to the queue: the process that took its slot died before it launched the driver.
+    RunState.STARTING: frozenset({RunState.REPLAYING, RunState.STOPPED, RunState.FAILED,
+                                  RunState.QUEUED}),
     RunState.REPLAYING: frozenset({RunState.CAUGHT_UP, RunState.STOPPED, RunState.FAILED}),
     RunState.CAUGHT_UP: frozenset({RunState.LIVE, RunState.STOPPED, RunState.FAILED}),
     RunState.LIVE: frozenset({RunState.STOPPED, RunState.FAILED}),
@@ -39,6 +44,8 @@ ALLOWED: dict[RunState, frozenset[RunState]] = {
 
 _NEXT_STEP = {
     RunState.REGISTERED: "run `kappa restart JOB VERSION` to start it",
+    RunState.QUEUED: "it starts when a replay slot frees (`kappa queue`); `kappa restart JOB "
+                     "VERSION` starts it now",
     RunState.STOPPED: "run `kappa restart JOB VERSION` to resume it",
     RunState.FAILED: "run `kappa restart JOB VERSION` to resume it",
     RunState.RETIRED: "deploy a new version instead",

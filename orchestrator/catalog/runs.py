@@ -16,16 +16,17 @@ from orchestrator.models import DeployedVersion, RunRecord
 from orchestrator.states import RunState, transition
 
 _COLUMNS = ("version_id, state, attempt, pid, pid_started, host, app_id, log_path, reason, "
-            "started_at, heartbeat_at, caught_up_at, busy_since")
+            "started_at, heartbeat_at, caught_up_at, busy_since, priority, queued_at")
 
 
 def _from_row(row: tuple[Any, ...]) -> RunRecord:
     (vid, state, attempt, pid, pid_started, host, app_id, log_path, reason, started,
-     heartbeat, caught_up, busy_since) = row
+     heartbeat, caught_up, busy_since, priority, queued_at) = row
     return RunRecord(version_id=vid, state=RunState(state), attempt=attempt, pid=pid,
                      pid_started=pid_started, host=host, app_id=app_id, log_path=log_path,
                      reason=reason, started_at=started, heartbeat_at=heartbeat,
-                     caught_up_at=caught_up, busy_since=busy_since)
+                     caught_up_at=caught_up, busy_since=busy_since, priority=priority,
+                     queued_at=queued_at)
 
 
 def create(conn: psycopg.Connection, schema: str, version_id: int) -> RunRecord:

@@ -130,3 +130,10 @@ def set_log_identity(conn: psycopg.Connection, schema: str, version: DeployedVer
                          "recorded_at = now()").format(qualified(schema, "version_logs")),
                  (version.id, Jsonb(identity.to_json())))
     return replace(version, log_identity=identity)
+
+
+def by_id(conn: psycopg.Connection, schema: str, version_id: int) -> DeployedVersion:
+    row = conn.execute(_select(schema, "WHERE v.id = %s"), (version_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no version with id {version_id}: `kappa status` lists them")
+    return from_row(row)

@@ -23,6 +23,8 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
     supervisor = Supervisor(service)
 
     def take() -> Snapshot:
+        if args.command == "agent":
+            service.replays.schedule()  # the replay slots that freed go to the queue
         if supervise:
             supervisor.tick()
             service.keep_spares()  # this host's warm spare drivers, replaced once adopted
@@ -30,7 +32,8 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
         archive = tuple(service.archive_status()) if getattr(args, "archive", False) else ()
         return Snapshot(lags=lags, statuses=tuple(service.status(exact_rows=False)),
                         aliases=tuple(service.aliases()), archive=archive,
-                        experiments=tuple(service.outcomes.running()), taken_at=time.time())
+                        experiments=tuple(service.outcomes.running()),
+                        replays=service.replays.counts(), taken_at=time.time())
 
     def ready(port: int) -> None:
         restarting = "; restarting this host's crashed drivers" if supervise else ""

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, help="seconds to wait with --wait")
     d.add_argument("--allow-gap", action="store_true",
                    help="deploy even if retention removed the start of the log")
+    d.add_argument("--priority", default="0",
+                   help="its place in the replay queue when replay_slots are all taken: an "
+                   "integer from -1000 to 1000, higher first, then the older (default 0)")
+    _command(sub, "queue", "the replay budget: catch-ups holding slots, queued versions, ETAs")
 
     _command(sub, "status", "every version: state, driver, table, offsets, lag", "job?")
     _command(sub, "stop", "stop a version's driver", "job", "version")
@@ -195,14 +199,15 @@ def run(args: argparse.Namespace) -> int:
 
     service = Orchestrator(settings)
     if cmd == "deploy":
-        result = service.deploy(args.job_file, allow_gap=args.allow_gap)
+        result = service.deploy(args.job_file, allow_gap=args.allow_gap, priority=args.priority)
         st = result.status
         for warning in result.warnings:
             print(f"Warning: output may depend on batch boundaries: {warning}", file=sys.stderr)
         if not args.json:
             verb = "deployed" if result.created else "already deployed (same code)"
+            how = f"driver pid {st.pid}" if st.pid else st.reason
             print(f"{st.job} {st.version} {verb}: {st.state.value}, output {st.output_table}, "
-                  f"driver pid {st.pid}")
+                  f"{how}")
         if args.wait:
             st = _wait(service, st.job, st.version, args.timeout, quiet=args.json)
         if args.json:
@@ -229,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json(st.to_json())
         return 0
+    if cmd == "queue":
+        from orchestrator.cli.queue import run_queue
+
+        return run_queue(service, args)
     if cmd == "lag":
         from orchestrator.cli.lag import run_lag
 

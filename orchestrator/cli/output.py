@@ -99,7 +99,7 @@ def status_table(statuses: Sequence[VersionStatus]) -> str:
     text = table(["job", "version", "state", "pid", "output table", "rows", "dead letters",
                   "lag", "heartbeat", "processed offsets", "decoded"], rows)
     for st in statuses:
-        if st.reason and st.state.value in ("failed", "stopped"):
+        if st.reason and st.state.value in ("failed", "stopped", "queued"):
             text += f"\n\n{st.job} {st.version} {st.state.value}: {st.reason}"
             if st.log_tail:
                 text += f"\nlast lines of {st.log_path}:\n  " + "\n  ".join(st.log_tail)
@@ -136,6 +136,8 @@ class ProgressBar:
         processed = sum(o for ps in st.processed_offsets.values() for o in ps.values())
         total = processed + (st.lag_records or 0)
         state = st.state.value
+        if st.state.value == "queued" and st.reason:
+            state += f" ({st.reason})"
         if st.decoded is not None and st.decoded[0] < st.decoded[1]:
             # The replay parses what is not decoded yet; the archiver decodes meanwhile.
             state += " (decoded segments {:,} of {:,})".format(*st.decoded)

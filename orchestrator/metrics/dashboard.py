@@ -29,6 +29,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from orchestrator.lag import LagState
 from orchestrator.metrics.dashboard_archive import archive_panels, archive_row
+from orchestrator.metrics.dashboard_budget import budget_panels, budget_row
 from orchestrator.metrics.dashboard_cutover import cutover_panels, cutover_row
 from orchestrator.metrics.dashboard_panels import DS
 from orchestrator.metrics.dashboard_panels import query as _query
@@ -247,6 +248,9 @@ def _builder() -> dashboard_b.Dashboard:
         board = board.with_panel(panel)
     board = board.with_row(cutover_row(30))
     for panel in cutover_panels(31):
+        board = board.with_panel(panel)
+    board = board.with_row(budget_row(40))
+    for panel in budget_panels(41):
         board = board.with_panel(panel)
     return board
 

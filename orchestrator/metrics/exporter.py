@@ -58,6 +58,8 @@ class Snapshot:
     archive: tuple[PartitionArchive, ...] = ()
     # The outcome cutovers that run now, each with its last look (OutcomeDesk.running()).
     experiments: tuple[Mapping[str, Any], ...] = ()
+    # (catch-ups holding a replay slot, versions queued, slots or None for no budget).
+    replays: tuple[int, int, int | None] | None = None
 
 
 @dataclass
@@ -116,6 +118,7 @@ class KappaCollector(Collector):
         yield from alias_metrics(snap.aliases, snap.statuses, self.job_label)
         yield from archive_metrics(snap.archive)
         yield from cutover_metrics(snap.experiments, self.job_label)
+        yield from replay_metrics(snap.replays)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
         stale.add_metric([], 1.0 if self.sampler.is_stale() else 0.0)
@@ -132,6 +135,24 @@ class KappaCollector(Collector):
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+
+def replay_metrics(replays: tuple[int, int, int | None] | None
+                   ) -> Iterator[GaugeMetricFamily]:
+    """The replay budget; no series before the first sample (unknown is never 0)."""
+    running = _gauge("replays_running", "Catch-ups holding a replay slot (live versions hold "
+                     "none)", ())
+    queued = _gauge("replays_queued", "Versions waiting in the replay queue for a slot", ())
+    slots = _gauge("replay_slots", "Catch-ups that may run at once (replay_slots); no series "
+                   "when there is no budget", ())
+    if replays is not None:
+        running.add_metric([], float(replays[0]))
+        queued.add_metric([], float(replays[1]))
+        if replays[2] is not None:
+            slots.add_metric([], float(replays[2]))
+    yield running
+    yield queued
+    yield slots
 
 
 def lag_metrics(lags: Sequence[VersionLag], job_label: str = JOB_LABEL

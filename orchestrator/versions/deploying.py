@@ -18,20 +18,24 @@ from orchestrator.lag import replay_start
 from orchestrator.log_identity import LogIdentity
 from orchestrator.models import DeployedVersion, JobSpec, Offsets
 from orchestrator.naming import consumer_group, dead_letter_table, output_table
+from orchestrator.queue_math import parse_priority
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
-from orchestrator.versions.lifecycle import DeployResult, checkpoint_location, start_driver
+from orchestrator.versions.budget import start_or_queue
+from orchestrator.versions.lifecycle import DeployResult, checkpoint_location
 
 
-def deploy(catalog: CatalogAccess, switches: SwitchDesk, job_file: str | Path, *,
-           allow_gap: bool = False) -> DeployResult:
-    return Deploy(catalog, switches, load_job_file(job_file), allow_gap).run()
+def deploy(catalog: CatalogAccess, switches: SwitchDesk, job_file: str | Path,
+           allow_gap: bool = False, priority: int | str = 0) -> DeployResult:
+    return Deploy(catalog, switches, load_job_file(job_file), allow_gap,
+                  parse_priority(priority)).run()
 
 
 class Deploy:
     def __init__(self, catalog: CatalogAccess, switches: SwitchDesk, spec: JobSpec,
-                 allow_gap: bool):
+                 allow_gap: bool, priority: int):
         self.catalog, self.switches, self.spec, self.allow_gap = catalog, switches, spec, allow_gap
+        self.priority = priority
         self.schema = catalog.settings.catalog_schema
         self.hazards = tuple(replay_hazards(spec))
         _, self.bootstrap = catalog.settings.require_services()
@@ -45,7 +49,7 @@ class Deploy:
             self.check_topics()
             identity, log_start, gone = self.read_the_log(conn)
             version = self.register(conn, identity, log_start, gone)
-            start_driver(self.catalog, conn, version)
+            start_or_queue(self.catalog, conn, version, self.priority)
             self.prepare_switches(conn)
             events.prune(conn, self.schema, self.catalog.settings.events_kept)
             status = reporting.status_of(self.catalog, conn, version)
@@ -62,7 +66,7 @@ class Deploy:
         versions.check_same_code(existing, self.spec)
         if runs.get(conn, self.schema, existing.id).state == RunState.REGISTERED:
             # Registered by a deploy that crashed before it launched the driver.
-            start_driver(self.catalog, conn, existing)
+            start_or_queue(self.catalog, conn, existing, self.priority)
         return DeployResult(False, reporting.status_of(self.catalog, conn, existing), self.hazards)
 
     def check_topics(self) -> None:

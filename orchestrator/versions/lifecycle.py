@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
-
-import psycopg
 
 from orchestrator.catalog import runs, versions
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.errors import (
-    LaunchError,
     StateError,
 )
 from orchestrator.models import (
-    DeployedVersion,
-    RunRecord,
     VersionStatus,
 )
 from orchestrator.settings import Settings
@@ -31,35 +25,6 @@ class DeployResult:
     status: VersionStatus
     # Constructs that make the output at rest depend on where batches were cut (file:line: why)
     warnings: tuple[str, ...] = ()
-
-
-def start_driver(catalog: CatalogAccess, conn: psycopg.Connection, version: DeployedVersion
-                 ) -> RunRecord:
-    s = catalog.settings
-    with conn.transaction():
-        run = runs.get(conn, s.catalog_schema, version.id, for_update=True)
-        attempt = run.attempt + 1
-        runs.change_state(conn, s.catalog_schema, version, RunState.STARTING,
-                          attempt=attempt, pid=None, pid_started=None, app_id=None,
-                          heartbeat_at=None, started_at=datetime.now(UTC))
-    try:
-        process = launcher.launch(s, version.job, version.version, attempt)
-    except OSError as exc:
-        with conn.transaction():
-            runs.change_state(conn, s.catalog_schema, version, RunState.FAILED,
-                              reason=f"could not launch the driver: {exc}",
-                              expect_attempt=attempt)
-        raise LaunchError(f"could not launch the driver of {version.job} "
-                          f"{version.version}: {exc}; fix it, then `kappa restart "
-                          f"{version.job} {version.version}`") from exc
-    with conn.transaction():
-        conn.execute(
-            psycopg.sql.SQL("UPDATE {}.runs SET pid = %s, pid_started = %s, log_path = %s, "
-                            "host = %s WHERE version_id = %s AND attempt = %s")
-            .format(psycopg.sql.Identifier(s.catalog_schema)),
-            (process.pid, process.started, str(process.log_path), launcher.this_host(),
-             version.id, attempt))
-        return runs.get(conn, s.catalog_schema, version.id)
 
 
 def keep_spares(catalog: CatalogAccess) -> int | None:

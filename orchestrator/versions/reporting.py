@@ -35,6 +35,7 @@ from orchestrator.observe import monitor
 from orchestrator.observe.monitor import fail_on_log_change
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
+from orchestrator.versions import budget
 
 Progress = Callable[[VersionStatus], None]
 # Between recording an attempt and recording its driver's PID there is only a process spawn: a
@@ -97,6 +98,11 @@ def catch_up_progress(catalog: CatalogAccess, job: str, version: str, *, max_lag
     was stopped or (with ``check_stall``) has stalled. Pollers (``wait``, the Airflow
     trigger) call this until ``status.caught_up(max_lag)``."""
     st = version_status(catalog, job, version)
+    if st.state == RunState.QUEUED:
+        where = budget.waiting(catalog, job, version)
+        if where is not None:
+            return replace(st, reason=where)
+        st = version_status(catalog, job, version)
     if st.state == RunState.RETIRED:
         raise StateError(f"{job} {version} is retired: deploy a new version instead")
     if st.log_gone:  # the reason says what to run; a restart would not help
@@ -175,6 +181,9 @@ def check_liveness(catalog: CatalogAccess, conn: psycopg.Connection, v: Deployed
                       f"than heartbeat_timeout_s={catalog.settings.heartbeat_timeout_s:g}): "
                       f"it is dead or cut off; `kappa restart {v.job} {v.version}`")
     elif alive is False:
+        if run.pid is None and run.queued_at is not None:  # started by the replay queue
+            schema = catalog.settings.catalog_schema
+            return budget.requeue_if_abandoned(conn, schema, v) or run
         if run.pid is None:
             started = run.started_at or datetime.now(UTC)
             if (datetime.now(UTC) - started).total_seconds() < _LAUNCH_GRACE_S:

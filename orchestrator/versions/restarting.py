@@ -30,7 +30,7 @@ from orchestrator.observe import monitor
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
-from orchestrator.versions.lifecycle import start_driver
+from orchestrator.versions.launch import start_driver
 
 
 def restart(catalog: CatalogAccess, job: str, version: str, allow_gap: bool = False,

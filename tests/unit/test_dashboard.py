@@ -15,6 +15,7 @@ from orchestrator.archive_model.segments import PartitionArchive
 from orchestrator.lag import LagState
 from orchestrator.metrics import dashboard
 from orchestrator.metrics.dashboard_archive import TITLES as ARCHIVE_TITLES
+from orchestrator.metrics.dashboard_budget import TITLES as BUDGET_TITLES
 from orchestrator.metrics.exporter import KappaCollector, Sampler, Snapshot
 from orchestrator.models import PartitionLag, VersionLag, VersionStatus
 from orchestrator.states import RunState
@@ -38,7 +39,7 @@ EXPERIMENT = {
                      "threshold": 3.69, "strata": 3, "margin": 0.0, "alpha": 0.025,
                      "error": None}]}}
 # The exporter's own metrics, and the archive's (per topic), carry no job or version.
-GLOBAL_PANELS = {"Exporter", *ARCHIVE_TITLES}
+GLOBAL_PANELS = {"Exporter", *ARCHIVE_TITLES, *BUDGET_TITLES}
 ALIAS_METRICS = {"kappa_alias_switches_total", "kappa_alias_target"}  # annotations only
 
 
@@ -155,7 +156,7 @@ def test_panels_use_only_metrics_the_exporter_exports(model: dict[str, Any]) -> 
         started_at=None)
     archived = PartitionArchive("pageviews", 0, "c-t", True, 0, 90, 1, 88, 2, 4096, 0, 100, 1.5)
     sampler = Sampler(take=lambda: Snapshot((lag,), (status,), 1000.0, archive=(archived,),
-                                            experiments=(EXPERIMENT,)))
+                                            experiments=(EXPERIMENT,), replays=(1, 2, 2)))
     sampler.refresh()
     registry = CollectorRegistry()
     registry.register(KappaCollector(sampler))

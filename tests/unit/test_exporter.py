@@ -208,3 +208,21 @@ def test_a_running_outcome_cutover_is_exported_and_unknown_figures_are_no_series
     verdict = 'kappa_cutover_verdict{{alias="pv",kappa_job="pageview_counts",verdict="{}",' \
               'version="v2"}}'
     assert got[verdict.format("no_data")] == 1 and got[verdict.format("continue")] == 0
+
+
+def test_the_replay_budget_is_exported_and_unknown_before_the_first_sample() -> None:
+    def samples(snapshot: Snapshot) -> dict[str, float]:
+        sampler = Sampler(take=lambda: snapshot)
+        sampler.refresh()
+        registry = CollectorRegistry()
+        registry.register(KappaCollector(sampler))
+        return {line.split(" ")[0]: float(line.split(" ")[1])
+                for line in generate_latest(registry).decode().splitlines()
+                if line.startswith("kappa_replay")}
+
+    assert samples(Snapshot(taken_at=time.time(), replays=(2, 3, 2))) == {
+        "kappa_replays_running": 2.0, "kappa_replays_queued": 3.0, "kappa_replay_slots": 2.0}
+    # No budget: no slots series; never sampled: no series at all (unknown is never 0).
+    assert samples(Snapshot(taken_at=time.time(), replays=(4, 0, None))) == {
+        "kappa_replays_running": 4.0, "kappa_replays_queued": 0.0}
+    assert samples(Snapshot(taken_at=time.time())) == {}

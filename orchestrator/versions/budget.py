@@ -1,0 +1,161 @@
+"""The replay budget: at most ``replay_slots`` catch-ups at once, the rest wait in a queue.
+
+A deploy over the budget registers its version and queues it; whoever looks next hands out the
+slots that freed: the agent at every sample, and any process waiting for a version that is
+queued (`kappa deploy --wait`, `kappa wait`, the Airflow trigger). One catalog lock makes them
+take turns, so two of them never start the same version.
+
+A slot is claimed in one transaction and its driver launched after the commit. Until the
+driver's PID is recorded the claiming process holds the run's claim lock: if it dies in between
+(the fail point ``queue.after_claim``), the next look finds the lock free and puts the version
+back in the queue, where it keeps its place; it is started once, by whoever looks next."""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from orchestrator.catalog import events, runs, versions
+from orchestrator.catalog import replay_queue as queue
+from orchestrator.catalog.access import CatalogAccess
+from orchestrator.errors import KappaError
+from orchestrator.failpoints import fail_point
+from orchestrator.models import DeployedVersion, RunRecord
+from orchestrator.queue_math import median_rate, queue_estimates
+from orchestrator.states import RunState
+from orchestrator.versions.launch import claim_attempt, launch_claimed
+
+log = logging.getLogger("kappa.queue")
+
+REQUEUED = ("the process that took its replay slot died before it launched the driver: back "
+            "in the queue, in its place")
+
+
+def start_or_queue(catalog: CatalogAccess, conn: psycopg.Connection, version: DeployedVersion,
+                   priority: int) -> bool:
+    """Start a registered version's catch-up now if a slot is free and no queued version comes
+    first (True), else queue it (False)."""
+    s = catalog.settings
+    schema, budget = s.catalog_schema, s.replay_budget
+    with conn.transaction():
+        queue.lock_queue(conn, schema)
+        if budget is not None and (queue.holding_slots(conn, schema) >= budget
+                                   or queue.outranked(conn, schema, priority)):
+            runs.change_state(conn, schema, version, RunState.QUEUED, priority=priority,
+                              queued_at=datetime.now(UTC),
+                              reason=f"waiting for a replay slot (replay_slots={budget})")
+            return False
+        attempt = claim_attempt(conn, schema, version, priority=priority, queued_at=None)
+    launch_claimed(s, conn, version, attempt)
+    return True
+
+
+def schedule(catalog: CatalogAccess) -> list[tuple[str, str]]:
+    """Hand the free slots to the queued versions, in order; (job, version) of each started."""
+    s = catalog.settings
+    schema, budget = s.catalog_schema, s.replay_budget
+    claimed: list[tuple[DeployedVersion, int]] = []
+    with catalog.connection() as conn:
+        with conn.transaction():
+            queue.lock_queue(conn, schema)
+            _requeue_unlaunched(conn, schema)
+            free = None if budget is None else budget - queue.holding_slots(conn, schema)
+            if free is not None and free <= 0:
+                return []
+            for version_id in queue.next_in_line(conn, schema, free):
+                version = versions.by_id(conn, schema, version_id)
+                queue.hold_claim(conn, schema, version_id)
+                claimed.append((version, claim_attempt(conn, schema, version)))
+                events.record(conn, schema, "replay_slot", job=version.job,
+                              version=version.version, slots=budget)
+        if claimed:
+            fail_point("queue.after_claim")
+        for version, attempt in claimed:
+            try:
+                launch_claimed(s, conn, version, attempt)
+                log.info("started %s %s from the replay queue", version.job, version.version)
+            except KappaError as exc:  # recorded failed with the reason; the others go on
+                log.warning("%s", exc)
+            finally:
+                queue.release_claim(conn, schema, version.id)
+    return [(v.job, v.version) for v, _ in claimed]
+
+
+def counts(catalog: CatalogAccess) -> tuple[int, int, int | None]:
+    with catalog.connection() as conn:
+        holding, queued = queue.counts(conn, catalog.settings.catalog_schema)
+    return holding, queued, catalog.settings.replay_budget
+
+
+def waiting(catalog: CatalogAccess, job: str, version: str) -> str | None:
+    """Where a queued version stands, after handing out any free slot; None once it started."""
+    schedule(catalog)
+    s = catalog.settings
+    with catalog.connection() as conn:
+        deployed = versions.get(conn, s.catalog_schema, job, version)
+        place = queue.place_of(conn, s.catalog_schema, deployed.id)
+    if place is None:
+        return None
+    return (f"place {place[0]} of {place[1]} in the replay queue (replay_slots="
+            f"{s.replay_budget}); it starts when a catch-up before it is done")
+
+
+def _requeue_unlaunched(conn: psycopg.Connection, schema: str) -> None:
+    for version_id in queue.unlaunched_claims(conn, schema):
+        requeue_if_abandoned(conn, schema, versions.by_id(conn, schema, version_id))
+
+
+def requeue_if_abandoned(conn: psycopg.Connection, schema: str, version: DeployedVersion
+                         ) -> RunRecord | None:
+    """Put a run the queue started back in the queue if the process that claimed its slot died
+    before recording the driver's PID (in the caller's transaction); the run as it is now, or
+    None if it is not such a run."""
+    if not queue.claimer_gone(conn, schema, version.id):
+        return None  # its claimer is launching it right now
+    # Read after the lock: a claimer records the PID before it lets the lock go.
+    run = runs.get(conn, schema, version.id, for_update=True)
+    if run.state != RunState.STARTING or run.pid is not None or run.queued_at is None:
+        return None
+    return runs.change_state(conn, schema, version, RunState.QUEUED, reason=REQUEUED,
+                             expect_attempt=run.attempt)
+
+
+def listing(catalog: CatalogAccess, measure: Any) -> list[dict[str, Any]]:
+    """Every catch-up holding a slot, then every queued version, with its place, records to
+    replay and ETA, which for a queued one includes its wait for a slot. ``measure(job,
+    version)`` gives a version's lag (the facade's ``lag``)."""
+    s = catalog.settings
+    with catalog.connection() as conn:
+        rows = queue.entries(conn, s.catalog_schema)
+    lags = {(job, version): measure(job, version)[0] for job, version, *_ in rows}
+    holding = [r for r in rows if r[2] != RunState.QUEUED.value]
+    waiting = [r for r in rows if r[2] == RunState.QUEUED.value]
+    rate = median_rate([lags[(j, v)].processing_rate for j, v, *_ in holding])
+    estimates = queue_estimates([lags[(j, v)].eta_seconds for j, v, *_ in holding],
+                                s.replay_budget, [lags[(j, v)].lag_records
+                                                  for j, v, *_ in waiting], rate)
+    now = datetime.now(UTC)
+    result = []
+    for place, (job, version, state, priority, queued_at, started_at) in enumerate(rows):
+        lag = lags[(job, version)]
+        wait, eta = ((0.0, lag.eta_seconds) if state != RunState.QUEUED.value
+                     else estimates[place - len(holding)])
+        result.append({
+            "job": job, "version": version, "state": state, "priority": priority,
+            "place": place - len(holding) + 1 if state == RunState.QUEUED.value else None,
+            "queued_for_s": _age(now, queued_at) if state == RunState.QUEUED.value else None,
+            "replaying_for_s": _age(now, started_at) if state != RunState.QUEUED.value else None,
+            "lag_records": lag.lag_records, "wait_s": _rounded(wait), "eta_s": _rounded(eta)})
+    return result
+
+
+def _age(now: datetime, since: datetime | None) -> float | None:
+    return None if since is None else round((now - since).total_seconds(), 1)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else round(value, 1)
