@@ -76,6 +76,15 @@ def merge(*ledgers: Ends) -> Ends:
     return merged
 
 
+def merged(older: Path, newer: Path) -> str:
+    """The text of one ledger holding two: each end at its highest, each deletion at its
+    latest (a lost broker's ledger that a failed restore left, and the next broker's)."""
+    deletions = dict(read_deletions(older))
+    for topic, at_ms in read_deletions(newer).items():
+        deletions[topic] = max(deletions.get(topic, 0), at_ms)
+    return as_lines(merge(read_ledger(older), read_ledger(newer)), deletions)
+
+
 class AckLedger:
     """The writer's side: note ends, then sync them before any acknowledgement goes out."""
 

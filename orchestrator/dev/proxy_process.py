@@ -15,14 +15,7 @@ from typing import Any
 
 import psutil
 
-from orchestrator.dev.ack_ledger import (
-    Deletions,
-    Ends,
-    as_lines,
-    merge,
-    read_deletions,
-    read_ledger,
-)
+from orchestrator.dev.ack_ledger import Deletions, Ends, merged, read_deletions, read_ledger
 from orchestrator.dev.held_clients import held_path
 from orchestrator.dev.logs import tail
 from orchestrator.dev.processes import HOST, exited, listens, live_process, poll, stop
@@ -67,12 +60,8 @@ def retire_ledger(dev: Path, record: dict[str, Any]) -> None:
     if not current.exists():
         return
     if lost.exists():
-        merged = merge(read_ledger(lost), read_ledger(current))
-        deletions = {**read_deletions(lost)}
-        for topic, at_ms in read_deletions(current).items():
-            deletions[topic] = max(deletions.get(topic, 0), at_ms)
         tmp = lost.with_suffix(".tmp")
-        tmp.write_text(as_lines(merged, deletions))
+        tmp.write_text(merged(lost, current))
         tmp.replace(lost)
         current.unlink()
     else:

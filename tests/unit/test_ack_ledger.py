@@ -233,3 +233,14 @@ def test_a_group_whose_sync_raises_fails_its_waiters_and_syncs_the_next_one(
     asyncio.run(two_acknowledgements())
     ledger.close()
     assert read_ledger(tmp_path / "broker-acks") == {"t": {0: 9}}
+
+
+def test_two_ledgers_merge_into_one_with_the_highest_ends_and_the_latest_deletions(
+        tmp_path: Path) -> None:
+    older, newer = tmp_path / "older", tmp_path / "newer"
+    older.write_text(ack_ledger.as_lines({"a": {0: 10, 1: 4}, "b": {0: 3}}, {"gone": 100}))
+    newer.write_text(ack_ledger.as_lines({"a": {0: 7, 1: 9}}, {"gone": 50, "other": 70}))
+    both = tmp_path / "both"
+    both.write_text(ack_ledger.merged(older, newer))
+    assert read_ledger(both) == {"a": {0: 10, 1: 9}, "b": {0: 3}}
+    assert read_deletions(both) == {"gone": 100, "other": 70}
