@@ -69,6 +69,9 @@ def settings(stack: object, tmp_path: Path) -> object:
         kafka_bootstrap=stack.kafka_bootstrap,  # type: ignore[attr-defined]
         catalog_schema=f"kappa_{tag}", data_schema=f"data_{tag}",
         spark_driver_memory="768m", heartbeat_interval_s=1.0,
+        # No replay budget: tests written before it run their catch-ups side by side (six at
+        # once in test_stream_jobs); test_replay_budget sets its own.
+        replay_slots=0,
         # One pool of warm spares per worker's stack, shared by its tests.
         spare_dir=Path(stack.state_dir) / "spares",  # type: ignore[attr-defined]
     )
