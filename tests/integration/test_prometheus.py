@@ -22,8 +22,11 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
     from orchestrator.metrics.dashboard_cutover import TITLES as CUTOVER_TITLES
     from orchestrator.service import Orchestrator
 
-    # Small batches so that the replay is still running while Prometheus scrapes it.
-    settings = replace(settings, max_batch_records=20_000, chunk_records=10_000)
+    # Small batches so that the replay is still running while Prometheus scrapes it. A
+    # budget of 2 (the one version never queues), since the 'Replay slots' panel has a
+    # series only when there is a budget.
+    settings = replace(settings, max_batch_records=20_000, chunk_records=10_000,
+                       replay_slots=2)
     service = Orchestrator(settings)
     service.produce_sample(topic, 300_000, seed=71)
     service.deploy(job_file(tmp_path, "v1", topic))
