@@ -63,3 +63,22 @@ def test_a_build_under_way_or_done_is_not_started_again(archive_dir: Path) -> No
     path.with_suffix(".building").unlink()
     path.write_bytes(b"archive")
     assert cds.build_in_background() is False
+
+
+def test_a_reinstall_of_the_same_spark_at_the_same_path_gets_a_new_archive(
+        archive_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The JVM checks each jar's modification time as well as its size, and refuses an archive
+    # built from the old files ("The top archive failed to load"): a venv reinstalled at the same
+    # path (same jar names and sizes, new files) must not find the old archive under its name,
+    # or every driver starts without one, for good.
+    import os
+
+    site = tmp_path / "site"
+    jar = site / "pyspark" / "jars" / "spark-core.jar"
+    jar.parent.mkdir(parents=True)
+    jar.write_bytes(b"1")
+    monkeypatch.syspath_prepend(str(site))
+    before = cds.archive_path()
+    stat = jar.stat()
+    os.utime(jar, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # reinstalled
+    assert cds.archive_path() != before

@@ -2,9 +2,10 @@
 time from a driver's start to its first batch (measured in the README, Speed).
 
 The JVM maps the classes that a warm-up session loaded from the archive instead of loading and
-verifying them one by one. An archive is only valid for the JDK, the Spark jars and the JVM flags
-it was made with, so its file name carries a digest of all three: a new JDK or Spark gets a new
-archive, and a driver never starts with one that does not fit. No pyspark here: building runs in
+verifying them one by one. An archive is only valid for the JDK, the Spark jars (their paths,
+sizes and times) and the JVM flags it was made with, so its file name carries a digest of all
+three: a new JDK or Spark, or the same one reinstalled, gets a new archive, and a driver never
+starts with one that does not fit. No pyspark here: building runs in
 a process of its own (``orchestrator.spark.launch.cds_build``).
 """
 
@@ -65,10 +66,12 @@ def archive_path() -> Path | None:
     digest = hashlib.sha256(DRIVER_JAVA_OPTS.encode())
     stat = java.stat()
     digest.update(f"{java}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    # The archive records the jars' paths, and the JVM refuses it where they differ.
+    # The archive records the jars' paths, sizes and modification times, and the JVM refuses it
+    # where any differs (a venv reinstalled at the same path has new times).
     digest.update(str(jars.resolve()).encode())
     for jar in sorted(jars.iterdir()):
-        digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
+        jar_stat = jar.stat()
+        digest.update(f"{jar.name}:{jar_stat.st_size}:{jar_stat.st_mtime_ns}".encode())
     return archive_dir() / f"driver-{digest.hexdigest()[:16]}.jsa"
 
 
