@@ -5,7 +5,9 @@ checks, promote, and optionally retire the previous version.
 Trigger with a conf, e.g.
     {"job_file": "jobs/pageview_counts/v2.py", "ramp": [10, 50, 100], "soak_seconds": 60,
      "max_lag": 0, "retire_previous": false}
-or, to judge the new version by its readers' outcomes (`kappa cutover --strategy`'s options,
+("priority": N places it in the replay queue when every replay slot is taken, as `kappa deploy
+--priority`; the catch-up wait covers the time it is queued), or, to judge the new version by
+its readers' outcomes (`kappa cutover --strategy`'s options,
 named as its flags are: start_percent, min_percent, max_percent, max_step, look_seconds,
 max_duration, no_data_timeout, alpha, mixture_sd, min_per_arm, attribution_delay,
 pre_period, allow_non_inferior):
@@ -63,12 +65,16 @@ with DAG(
                          description="outcome metrics (kappa metric define), with strategy"),
         "breaking": Param(False, type="boolean",
                           description="allow a split whose version removes or retypes columns"),
+        "priority": Param(0, type="integer", minimum=-1000, maximum=1000,
+                          description="its place in the replay queue when every replay slot "
+                                      "is taken: higher replays first"),
     },
 ) as dag:
     request = check_conf("reprocess", PROJECT_DIR)
     deploy = KappaDeployOperator(task_id="deploy", job_file=request["job_file"],
                                  expect_version=request["version"],
-                                 expect_fingerprint=request["fingerprint"])
+                                 expect_fingerprint=request["fingerprint"],
+                                 priority=request["priority"])
     wait = KappaCaughtUpSensor(
         task_id="wait_caught_up", job=request["job"], version=request["version"],
         max_lag=request["max_lag"], max_wait_minutes=request["catch_up_timeout_minutes"])

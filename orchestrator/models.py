@@ -177,6 +177,14 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class ReplayHold:
+    """Live first's hold on the replay queue: while it lasts, no catch-up starts."""
+    reason: str  # which live version is how far behind
+    since: datetime
+    since_last_pause_s: float | None  # None: this hold has paused no catch-up yet
+
+
+@dataclass(frozen=True)
 class AliasState:
     job: str
     alias: str

@@ -100,6 +100,11 @@ class Settings:
     # deploy over it waits in the replay queue (`kappa queue`) until one catches up. None: half
     # this host's cores, at least 2 (a catch-up's driver keeps two cores busy); 0: no budget.
     replay_slots: int | None = None
+    # Live first: while versions catch up, a live version more than this many seconds behind
+    # holds the replay queue and pauses the lowest-priority catch-up (one per this many
+    # seconds), which resumes from its checkpoint once every live version is back under half
+    # of it. Only `kappa agent` measures and pauses. 0: off.
+    live_lag_protect_s: float = 60.0
     heartbeat_interval_s: float = 2.0  # how often a driver records that it is alive
     # A driver on another host that has not beaten for this long counts as dead.
     heartbeat_timeout_s: float = 30.0
@@ -135,6 +140,15 @@ class Settings:
             raise ConfigError(f"setting replay_slots={self.replay_slots} is negative: give the "
                               "number of catch-ups that may run at once, or 0 for no budget")
         return self.replay_slots or None
+
+    @property
+    def live_lag_limit_s(self) -> float | None:
+        """The live lag that pauses catch-ups; None: no protection (live_lag_protect_s = 0)."""
+        if self.live_lag_protect_s < 0:
+            raise ConfigError(f"setting live_lag_protect_s={self.live_lag_protect_s:g} is "
+                              "negative: give the seconds a live version may fall behind "
+                              "before catch-ups pause, or 0 for no protection")
+        return self.live_lag_protect_s or None
 
     @property
     def dev_stack_file(self) -> Path:
@@ -305,6 +319,7 @@ def load_settings(
                 kafka_bootstrap=settings.kafka_bootstrap or stack.get("kafka_bootstrap"),
             )
     settings.replay_budget  # noqa: B018 - refuse a budget that cannot be, at load
+    settings.live_lag_limit_s  # noqa: B018 - likewise a live lag limit
     if settings.kafka_bootstrap:
         settings.kafka  # noqa: B018 - refuse security settings that do not fit, at load
     return settings

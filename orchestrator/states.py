@@ -33,7 +33,9 @@ ALLOWED: dict[RunState, frozenset[RunState]] = {
     # Back to the queue: the process that took its slot died before it launched the driver.
     RunState.STARTING: frozenset({RunState.REPLAYING, RunState.STOPPED, RunState.FAILED,
                                   RunState.QUEUED}),
-    RunState.REPLAYING: frozenset({RunState.CAUGHT_UP, RunState.STOPPED, RunState.FAILED}),
+    # Back to the queue, too: paused by live first (a live version too far behind).
+    RunState.REPLAYING: frozenset({RunState.CAUGHT_UP, RunState.STOPPED, RunState.FAILED,
+                                   RunState.QUEUED}),
     RunState.CAUGHT_UP: frozenset({RunState.LIVE, RunState.STOPPED, RunState.FAILED}),
     RunState.LIVE: frozenset({RunState.STOPPED, RunState.FAILED}),
     # A stopped version fails when the log it read changes under it (a topic recreated).
@@ -44,8 +46,9 @@ ALLOWED: dict[RunState, frozenset[RunState]] = {
 
 _NEXT_STEP = {
     RunState.REGISTERED: "run `kappa restart JOB VERSION` to start it",
-    RunState.QUEUED: "it starts when a replay slot frees (`kappa queue`); `kappa restart JOB "
-                     "VERSION` starts it now",
+    RunState.QUEUED: "it starts when a replay slot frees (`kappa queue`); to start it sooner, "
+                     "raise the budget for one command: `KAPPA_REPLAY_SLOTS=N kappa restart "
+                     "JOB VERSION`",
     RunState.STOPPED: "run `kappa restart JOB VERSION` to resume it",
     RunState.FAILED: "run `kappa restart JOB VERSION` to resume it",
     RunState.RETIRED: "deploy a new version instead",

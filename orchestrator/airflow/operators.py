@@ -66,14 +66,16 @@ class KappaDeployOperator(KappaBaseOperator):
     checkpoint instead, when ``restart_stopped``). The same label with other code is refused.
     """
 
-    template_fields: Sequence[str] = ("job_file", "expect_version", "expect_fingerprint")
+    template_fields: Sequence[str] = ("job_file", "expect_version", "expect_fingerprint",
+                                      "priority")
 
     def __init__(self, *, job_file: str, restart_stopped: bool = True,
                  expect_version: str | None = None, expect_fingerprint: str | None = None,
-                 **kwargs: Any):
+                 priority: int | str = 0, **kwargs: Any):
         super().__init__(**kwargs)
         self.job_file, self.restart_stopped = job_file, restart_stopped
         self.expect_version, self.expect_fingerprint = expect_version, expect_fingerprint
+        self.priority = priority  # its place in the replay queue (kappa deploy --priority)
 
     def execute(self, context: Any) -> dict[str, Any]:
         from orchestrator.jobspec import load_job_file
@@ -90,7 +92,7 @@ class KappaDeployOperator(KappaBaseOperator):
                     f"{spec.fingerprint[:19]}; checked {expected[0]}, {expected[1][:19]}): "
                     "trigger a new run")
             service = self.service()
-            result = service.deploy(spec.path)
+            result = service.deploy(spec.path, priority=self.priority)
             status = result.status
             if result.created:
                 self.log.info("deployed %s %s (fingerprint %s): replaying into %s",

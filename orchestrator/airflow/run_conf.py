@@ -15,6 +15,7 @@ from typing import Any
 from orchestrator.errors import ConfigError, KappaError
 from orchestrator.experiment.design import ExperimentDesign, Strategy
 from orchestrator.naming import validate_name
+from orchestrator.queue_math import HIGHEST_PRIORITY, LOWEST_PRIORITY, parse_priority
 
 REPROCESS_DEFAULTS: dict[str, Any] = {
     "ramp": [10, 50, 100],
@@ -26,6 +27,7 @@ REPROCESS_DEFAULTS: dict[str, Any] = {
     "strategy": None,
     "metrics": [],
     "breaking": False,
+    "priority": 0,
 }
 # An outcome cutover's options, named as `kappa cutover`'s flags are: conf key -> design field.
 EXPERIMENT_OPTIONS = {
@@ -52,6 +54,7 @@ class ReprocessRequest:
     catch_up_timeout_minutes: float
     experiment: ExperimentDesign | None = None  # an outcome cutover instead of the ramp
     breaking: bool = False  # the split may remove or retype columns (kappa ab --breaking)
+    priority: int = 0  # its place in the replay queue (kappa deploy --priority)
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,15 @@ def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequ
                                                integer=False)),
         experiment=parse_experiment(merged),
         breaking=_flag(merged, "breaking"),
+        priority=_priority(merged["priority"]),
     )
+
+
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"conf priority must be a whole number from {LOWEST_PRIORITY} to "
+                          f"{HIGHEST_PRIORITY} (higher replays first); got {value!r}")
+    return parse_priority(value)
 
 
 def parse_experiment(conf: Mapping[str, Any]) -> ExperimentDesign | None:
@@ -207,7 +218,7 @@ def checked_reprocess(conf: Mapping[str, Any], project_dir: Path) -> dict[str, A
             "retire_previous": request.retire_previous, "alias": request.alias,
             "catch_up_timeout_minutes": request.catch_up_timeout_minutes,
             "experiment": request.experiment.to_json() if request.experiment else None,
-            "breaking": request.breaking}
+            "breaking": request.breaking, "priority": request.priority}
 
 
 def checked(kind: str, conf: Mapping[str, Any], project_dir: Path) -> dict[str, Any]:

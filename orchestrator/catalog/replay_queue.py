@@ -4,7 +4,9 @@ the advisory locks that make one process at a time hand slots out.
 A slot is held by a run that is starting or replaying and has never caught up: a live version
 that restarts and reads its backlog again holds none. A run the queue started keeps its
 ``queued_at``; while the process that took its slot has not yet recorded the driver's PID, that
-process holds the run's claim lock, so a lock that anyone can take means that process died."""
+process holds the run's claim lock, so a lock that anyone can take means that process died.
+While a live version is too far behind, the agent holds the queue (``replay_hold``): no
+catch-up starts, and catch-ups are paused back into it (versions/live_first.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from orchestrator.catalog.db import qualified
+from orchestrator.models import ReplayHold
 
 _HOLDING = "r.state IN ('starting', 'replaying') AND r.caught_up_at IS NULL"
 
@@ -54,11 +57,57 @@ def next_in_line(conn: psycopg.Connection, schema: str, limit: int | None) -> li
     return [int(r[0]) for r in rows]
 
 
-def outranked(conn: psycopg.Connection, schema: str, priority: int) -> bool:
-    """Whether a queued version comes before a new one of ``priority``."""
+def outranked(conn: psycopg.Connection, schema: str, version_id: int, priority: int,
+              queued_at: datetime) -> bool:
+    """Whether another queued version comes before one of ``priority`` that joined the queue at
+    ``queued_at``."""
     row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE state = 'queued' AND "
-                               "priority >= %s)").format(qualified(schema, "runs")),
-                       (priority,)).fetchone()
+                               "version_id <> %s AND (priority > %s OR (priority = %s AND "
+                               "queued_at <= %s)))").format(qualified(schema, "runs")),
+                       (version_id, priority, priority, queued_at)).fetchone()
+    return bool(row and row[0])
+
+
+def pause_candidate(conn: psycopg.Connection, schema: str) -> int | None:
+    """The catch-up that live first pauses: of the lowest priority, then the last to join, and
+    whose driver was launched (one being launched right now is its claimer's)."""
+    row = conn.execute(
+        sql.SQL("SELECT version_id FROM {} r WHERE " + _HOLDING + " AND r.pid IS NOT NULL "
+                "ORDER BY r.priority, COALESCE(r.queued_at, r.started_at) DESC, "
+                "r.version_id DESC LIMIT 1").format(qualified(schema, "runs"))).fetchone()
+    return None if row is None else int(row[0])
+
+
+def current_hold(conn: psycopg.Connection, schema: str) -> ReplayHold | None:
+    """The live-first hold on the queue, unless none was renewed in time."""
+    row = conn.execute(
+        sql.SQL("SELECT reason, since, EXTRACT(EPOCH FROM now() - last_pause_at)::float8 "
+                "FROM {} WHERE renewed_until > now()").format(qualified(schema, "replay_hold"))
+    ).fetchone()
+    return None if row is None else ReplayHold(str(row[0]), row[1], row[2])
+
+
+def renew_hold(conn: psycopg.Connection, schema: str, reason: str, for_s: float) -> None:
+    """Hold the queue for ``for_s`` more seconds; a hold that had lapsed starts afresh."""
+    conn.execute(
+        sql.SQL("INSERT INTO {0} AS h (reason, renewed_until) VALUES (%s, now() + %s * "
+                "interval '1 second') ON CONFLICT (id) DO UPDATE SET reason = EXCLUDED.reason, "
+                "renewed_until = EXCLUDED.renewed_until, since = CASE WHEN h.renewed_until > "
+                "now() THEN h.since ELSE now() END, last_pause_at = CASE WHEN h.renewed_until "
+                "> now() THEN h.last_pause_at END").format(qualified(schema, "replay_hold")),
+        (reason, for_s))
+
+
+def note_pause(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute(sql.SQL("UPDATE {} SET last_pause_at = now()")
+                 .format(qualified(schema, "replay_hold")))
+
+
+def end_hold(conn: psycopg.Connection, schema: str) -> bool:
+    """End the hold; whether one was in force."""
+    row = conn.execute(sql.SQL("WITH ended AS (DELETE FROM {} RETURNING renewed_until > now() "
+                               "AS live) SELECT bool_or(live) FROM ended")
+                       .format(qualified(schema, "replay_hold"))).fetchone()
     return bool(row and row[0])
 
 

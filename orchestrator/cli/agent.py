@@ -29,11 +29,16 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
             supervisor.tick()
             service.keep_spares()  # this host's warm spare drivers, replaced once adopted
         lags = tuple(service.lag(limits=limits))
+        held = None
+        if args.command == "agent":  # live first: measured lags hold the queue, or pause
+            service.replays.protect_live(lags, args.interval)
+            held = service.replays.hold() is not None
         archive = tuple(service.archive_status()) if getattr(args, "archive", False) else ()
         return Snapshot(lags=lags, statuses=tuple(service.status(exact_rows=False)),
                         aliases=tuple(service.aliases()), archive=archive,
                         experiments=tuple(service.outcomes.running()),
-                        replays=service.replays.counts(), taken_at=time.time())
+                        replays=service.replays.counts(), replay_hold=held,
+                        taken_at=time.time())
 
     def ready(port: int) -> None:
         restarting = "; restarting this host's crashed drivers" if supervise else ""

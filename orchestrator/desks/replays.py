@@ -1,12 +1,15 @@
 """The replay budget as the service offers it: the queue with each version's wait and ETA, and
-handing out the slots that freed (the agent does so at every sample)."""
+handing out the slots that freed, and live first's hold (the agent does both at every
+sample)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.catalog.access import CatalogAccess
-from orchestrator.versions import budget, reporting
+from orchestrator.models import ReplayHold, VersionLag
+from orchestrator.versions import budget, protection, reporting
 
 
 class ReplayDesk:
@@ -26,3 +29,13 @@ class ReplayDesk:
     def schedule(self) -> list[tuple[str, str]]:
         """Start the queued versions that free slots allow; (job, version) of each."""
         return budget.schedule(self.catalog)
+
+    def hold(self) -> ReplayHold | None:
+        """Live first's hold on the queue, if a live version is too far behind."""
+        return budget.hold(self.catalog)
+
+    def protect_live(self, lags: Sequence[VersionLag], interval_s: float
+                     ) -> list[tuple[str, str]]:
+        """Hold the queue, or pause a catch-up, while a live version in ``lags`` is more than
+        live_lag_protect_s behind; end the hold once all are back under half of it."""
+        return protection.protect_live(self.catalog, lags, interval_s)

@@ -1,5 +1,6 @@
 """The dashboard's row for the replay budget: catch-ups holding slots against the slots, and the
-versions waiting in the queue. Global panels: the budget is kept per catalog, not per job."""
+versions waiting in the queue, with live first's hold. Global panels: the budget is kept per
+catalog, not per job."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ def budget_panels(first_id: int) -> list[cogbuilder.Builder[dm.Panel]]:
         _query("B", "max(kappa_replay_slots)", "slots"))
     queued = (_timeseries(
         first_id + 1, TITLES[1], "Versions waiting in the replay queue for a slot (kappa "
-        "queue lists them with their waits and ETAs). Global: not filtered by job or version.",
-        "short", 12, _query("A", "max(kappa_replays_queued)", "queued"))
+        "queue lists them with their waits and ETAs), and live first's hold: 1 while a live "
+        "version is more than live_lag_protect_s behind, when no catch-up starts and catch-ups "
+        "are paused into the queue. Global: not filtered by job or version.",
+        "short", 12, _query("A", "max(kappa_replays_queued)", "queued"),
+        _query("B", "max(kappa_replay_hold)", "held by live first"))
         .thresholds(_thresholds((None, "green"), (1, "orange"))))
     return [slots, queued]
 

@@ -60,6 +60,7 @@ class Snapshot:
     experiments: tuple[Mapping[str, Any], ...] = ()
     # (catch-ups holding a replay slot, versions queued, slots or None for no budget).
     replays: tuple[int, int, int | None] | None = None
+    replay_hold: bool | None = None  # live first holds the queue; None: not looked at
 
 
 @dataclass
@@ -118,7 +119,7 @@ class KappaCollector(Collector):
         yield from alias_metrics(snap.aliases, snap.statuses, self.job_label)
         yield from archive_metrics(snap.archive)
         yield from cutover_metrics(snap.experiments, self.job_label)
-        yield from replay_metrics(snap.replays)
+        yield from replay_metrics(snap.replays, snap.replay_hold)
         stale = GaugeMetricFamily(f"{PREFIX}_exporter_stale",
                                   "1 when the last refresh failed and the values are old")
         stale.add_metric([], 1.0 if self.sampler.is_stale() else 0.0)
@@ -137,7 +138,7 @@ def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
 
-def replay_metrics(replays: tuple[int, int, int | None] | None
+def replay_metrics(replays: tuple[int, int, int | None] | None, held: bool | None = None
                    ) -> Iterator[GaugeMetricFamily]:
     """The replay budget; no series before the first sample (unknown is never 0)."""
     running = _gauge("replays_running", "Catch-ups holding a replay slot (live versions hold "
@@ -150,9 +151,15 @@ def replay_metrics(replays: tuple[int, int, int | None] | None
         queued.add_metric([], float(replays[1]))
         if replays[2] is not None:
             slots.add_metric([], float(replays[2]))
+    hold = _gauge("replay_hold", "1 while live first holds the replay queue: a live version "
+                  "is more than live_lag_protect_s behind, no catch-up starts, and catch-ups "
+                  "are paused", ())
+    if held is not None:
+        hold.add_metric([], 1.0 if held else 0.0)
     yield running
     yield queued
     yield slots
+    yield hold
 
 
 def lag_metrics(lags: Sequence[VersionLag], job_label: str = JOB_LABEL

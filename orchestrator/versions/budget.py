@@ -24,7 +24,7 @@ from orchestrator.catalog import replay_queue as queue
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
-from orchestrator.models import DeployedVersion, RunRecord
+from orchestrator.models import DeployedVersion, ReplayHold, RunRecord
 from orchestrator.queue_math import median_rate, queue_estimates
 from orchestrator.states import RunState
 from orchestrator.versions.launch import claim_attempt, launch_claimed
@@ -36,22 +36,32 @@ REQUEUED = ("the process that took its replay slot died before it launched the d
 
 
 def start_or_queue(catalog: CatalogAccess, conn: psycopg.Connection, version: DeployedVersion,
-                   priority: int) -> bool:
-    """Start a registered version's catch-up now if a slot is free and no queued version comes
-    first (True), else queue it (False)."""
+                   priority: int, queued_at: datetime | None = None) -> bool:
+    """Start a version's catch-up now if a slot is free, the queue is not held and no queued
+    version comes first (True), else queue it (False). ``queued_at``: its place, kept when it
+    was in the queue before (a restart)."""
     s = catalog.settings
     schema, budget = s.catalog_schema, s.replay_budget
+    joined = queued_at or datetime.now(UTC)
     with conn.transaction():
         queue.lock_queue(conn, schema)
-        if budget is not None and (queue.holding_slots(conn, schema) >= budget
-                                   or queue.outranked(conn, schema, priority)):
-            runs.change_state(conn, schema, version, RunState.QUEUED, priority=priority,
-                              queued_at=datetime.now(UTC),
-                              reason=f"waiting for a replay slot (replay_slots={budget})")
+        hold = queue.current_hold(conn, schema)
+        if hold is not None or (budget is not None and (
+                queue.holding_slots(conn, schema) >= budget
+                or queue.outranked(conn, schema, version.id, priority, joined))):
+            if runs.get(conn, schema, version.id).state != RunState.QUEUED:
+                runs.change_state(conn, schema, version, RunState.QUEUED, priority=priority,
+                                  queued_at=joined, reason=_why_queued(hold, budget))
             return False
         attempt = claim_attempt(conn, schema, version, priority=priority, queued_at=None)
     launch_claimed(s, conn, version, attempt)
     return True
+
+
+def _why_queued(hold: ReplayHold | None, budget: int | None) -> str:
+    if hold is not None:
+        return f"held by live first: {hold.reason}"
+    return f"waiting for a replay slot (replay_slots={budget})"
 
 
 def schedule(catalog: CatalogAccess) -> list[tuple[str, str]]:
@@ -63,6 +73,8 @@ def schedule(catalog: CatalogAccess) -> list[tuple[str, str]]:
         with conn.transaction():
             queue.lock_queue(conn, schema)
             _requeue_unlaunched(conn, schema)
+            if queue.current_hold(conn, schema) is not None:
+                return []  # a live version is too far behind: nothing starts
             free = None if budget is None else budget - queue.holding_slots(conn, schema)
             if free is not None and free <= 0:
                 return []
@@ -91,6 +103,11 @@ def counts(catalog: CatalogAccess) -> tuple[int, int, int | None]:
     return holding, queued, catalog.settings.replay_budget
 
 
+def hold(catalog: CatalogAccess) -> ReplayHold | None:
+    with catalog.connection() as conn:
+        return queue.current_hold(conn, catalog.settings.catalog_schema)
+
+
 def waiting(catalog: CatalogAccess, job: str, version: str) -> str | None:
     """Where a queued version stands, after handing out any free slot; None once it started."""
     schedule(catalog)
@@ -98,10 +115,15 @@ def waiting(catalog: CatalogAccess, job: str, version: str) -> str | None:
     with catalog.connection() as conn:
         deployed = versions.get(conn, s.catalog_schema, job, version)
         place = queue.place_of(conn, s.catalog_schema, deployed.id)
+        held = queue.current_hold(conn, s.catalog_schema)
     if place is None:
         return None
-    return (f"place {place[0]} of {place[1]} in the replay queue (replay_slots="
-            f"{s.replay_budget}); it starts when a catch-up before it is done")
+    where = f"place {place[0]} of {place[1]} in the replay queue"
+    if held is not None:
+        return (f"{where}, held by live first: {held.reason}; it starts once every live "
+                "version is back under half of live_lag_protect_s")
+    return (f"{where} (replay_slots={s.replay_budget}); it starts when a catch-up before it "
+            "is done")
 
 
 def _requeue_unlaunched(conn: psycopg.Connection, schema: str) -> None:

@@ -5,7 +5,8 @@ refused, and recorded failed, unless ``allow_gap``: then it resumes at each such
 log start, and the event log records the offsets it skipped. A stream job whose checkpoint
 (its state) is gone is refused: redeploy it under a new version. ``quarantine``: the next batch
 (the one that kept failing) is re-run range by range, and the records that fail go to the
-dead-letter table with their error (batch jobs)."""
+dead-letter table with their error (batch jobs). A catch-up that was not running takes its turn
+in the replay queue, like a deploy."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from orchestrator.observe import monitor
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
+from orchestrator.versions.budget import start_or_queue
 from orchestrator.versions.launch import start_driver
 
 
@@ -43,7 +45,7 @@ def restart(catalog: CatalogAccess, job: str, version: str, allow_gap: bool = Fa
                      plan.check_the_log_identity, plan.check_the_log_ranges,
                      plan.skip_the_gap, plan.adopt_the_new_log, plan.quarantine_the_next_batch):
             step()
-        start_driver(catalog, conn, plan.deployed)
+        plan.start()
         return reporting.status_of(catalog, conn, plan.deployed)
 
 
@@ -56,7 +58,7 @@ class Restart:
         self.allow_gap, self.quarantine = allow_gap, quarantine
         self.deployed = versions.get(conn, self.schema, validate_name(job, "job name"),
                                      validate_name(version, "version"))
-        self.run = runs.get(conn, self.schema, self.deployed.id)
+        self.run = self.run_before = runs.get(conn, self.schema, self.deployed.id)
         with conn.transaction():
             self.processed: Offsets = runs.processed_offsets(conn, self.schema,
                                                              self.deployed.id)
@@ -163,6 +165,18 @@ class Restart:
             with self.conn.transaction():
                 self.deployed = versions.set_log_identity(self.conn, self.schema,
                                                           self.deployed, self.identity)
+
+    def start(self) -> None:
+        """A live version, or a catch-up that held a replay slot until now (a driver that
+        crashed, one replaced while it ran), starts at once; any other catch-up takes its turn
+        in the replay queue, keeping its priority and, if it was queued, its place."""
+        run = self.run_before
+        if run.caught_up_at is not None or (run.state in (RunState.STARTING,
+                                                          RunState.REPLAYING)):
+            start_driver(self.catalog, self.conn, self.deployed)
+            return
+        start_or_queue(self.catalog, self.conn, self.deployed, run.priority,
+                       queued_at=run.queued_at if run.state == RunState.QUEUED else None)
 
     def quarantine_the_next_batch(self) -> None:
         if not self.quarantine:

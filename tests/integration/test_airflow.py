@@ -47,7 +47,7 @@ def test_every_dag_loads_quickly_and_cleanly(settings, tmp_path: Path) -> None:
 import json, runpy, sys, time
 import airflow.sdk
 from airflow.sdk import DAG
-found, retries, slowest = {{}}, {{}}, 0.0
+found, retries, params, slowest = {{}}, {{}}, {{}}, 0.0
 for path in sorted(__import__("pathlib").Path({str(ROOT / "dags")!r}).glob("*.py")):
     start = time.perf_counter()
     namespace = runpy.run_path(str(path))
@@ -56,8 +56,10 @@ for path in sorted(__import__("pathlib").Path({str(ROOT / "dags")!r}).glob("*.py
         if isinstance(value, DAG):
             found[value.dag_id] = sorted(value.task_ids)
             retries[value.dag_id] = {{t.task_id: t.retries for t in value.tasks}}
+            params[value.dag_id] = sorted(value.params)
 drivers = sorted(m for m in {sorted(DRIVERS)!r} if m in sys.modules)
-print(json.dumps({{"dags": found, "retries": retries, "slowest": slowest, "drivers": drivers}}))
+print(json.dumps({{"dags": found, "retries": retries, "params": params, "slowest": slowest,
+                  "drivers": drivers}}))
 """
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                           text=True, check=True, timeout=120)
@@ -72,6 +74,11 @@ print(json.dumps({{"dags": found, "retries": retries, "slowest": slowest, "drive
     checks = {t: result["retries"]["kappa_reprocess"][t] for t in ("check_conf", "validate")}
     assert checks == {"check_conf": 2, "validate": 2}, result["retries"]
     assert result["drivers"] == []  # database, broker and Spark load when a task runs
+    # The trigger form offers every key of the conf but the outcome test's options (priority
+    # among them, the place in the replay queue).
+    from orchestrator.airflow.run_conf import REPROCESS_DEFAULTS
+
+    assert result["params"]["kappa_reprocess"] == sorted({"job_file", *REPROCESS_DEFAULTS})
     # Far under Airflow's dagbag_import_timeout (30 s) even on a loaded machine; what keeps
     # parsing fast is asserted above: no database, broker or Spark library at parse time.
     assert result["slowest"] < 5.0, result

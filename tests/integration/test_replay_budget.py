@@ -1,7 +1,8 @@
 """The replay budget (replay_slots) on real drivers: never more catch-ups at once than slots,
 slots taken by priority then age, a queued version retired leaves the queue, and a process
 killed between claiming a slot and launching the driver (the fail point queue.after_claim)
-neither loses the version nor starts it twice. Every output equals its reference."""
+neither loses the version nor starts it twice. A restart takes its turn in the queue too.
+Every output equals its reference."""
 
 from __future__ import annotations
 
@@ -71,6 +72,14 @@ def test_one_slot_replays_by_priority_then_age_and_a_killed_claim_starts_once(
         service.retire("budget_d", "v1")
         assert [e["job"] for e in service.replays.queue()] == ["budget_a", "budget_c",
                                                               "budget_b"]
+
+        # A restart takes its turn, as a deploy does: budget_b, stopped while queued, is queued
+        # again by `kappa restart` (it used to start at once, over the budget).
+        service.stop("budget_b", "v1")
+        restarted = service.restart("budget_b", "v1")
+        assert restarted.state.value == "queued", restarted
+        assert [e["job"] for e in service.replays.queue()
+                if e["place"] is not None] == ["budget_c", "budget_b"]
 
         # A waiter takes budget_c's slot once budget_a has caught up, then dies before it
         # launches the driver.

@@ -68,6 +68,10 @@ def test_the_checked_conf_names_the_job_and_is_plain_json() -> None:
     ({"job_file": V2, "strategy": "ab", "metrics": ["c", "c"]}, "metric names repeat"),
     ({"job_file": V2, "strategy": "ab", "metrics": ["no good"]}, "metric name"),
     ({"job_file": V2, "breaking": "yes"}, "breaking must be true or false"),
+    ({"job_file": V2, "priority": 1001}, "priority 1001 is not valid: give an integer from"),
+    ({"job_file": V2, "priority": "high"}, "conf priority must be a whole number"),
+    ({"job_file": V2, "priority": 2.5}, "conf priority must be a whole number"),
+    ({"job_file": V2, "priority": True}, "conf priority must be a whole number"),
 ])
 def test_bad_confs_get_one_line_saying_what_to_fix(conf: dict, says: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -94,6 +98,9 @@ def test_an_outcome_conf_becomes_the_design_the_cli_would_make() -> None:
     assert checked_reprocess({"job_file": V2}, ROOT)["experiment"] is None
     assert checked["breaking"] is False
     assert checked_reprocess({"job_file": V2, "breaking": True}, ROOT)["breaking"] is True
+    # Its place in the replay queue, as `kappa deploy --priority`.
+    assert checked["priority"] == 0
+    assert checked_reprocess({"job_file": V2, "priority": -7}, ROOT)["priority"] == -7
 
 
 def test_a_hostile_alias_is_refused() -> None:

@@ -156,7 +156,8 @@ def test_panels_use_only_metrics_the_exporter_exports(model: dict[str, Any]) -> 
         started_at=None)
     archived = PartitionArchive("pageviews", 0, "c-t", True, 0, 90, 1, 88, 2, 4096, 0, 100, 1.5)
     sampler = Sampler(take=lambda: Snapshot((lag,), (status,), 1000.0, archive=(archived,),
-                                            experiments=(EXPERIMENT,), replays=(1, 2, 2)))
+                                            experiments=(EXPERIMENT,), replays=(1, 2, 2),
+                                            replay_hold=False))
     sampler.refresh()
     registry = CollectorRegistry()
     registry.register(KappaCollector(sampler))

@@ -222,6 +222,12 @@ def test_the_replay_budget_is_exported_and_unknown_before_the_first_sample() -> 
 
     assert samples(Snapshot(taken_at=time.time(), replays=(2, 3, 2))) == {
         "kappa_replays_running": 2.0, "kappa_replays_queued": 3.0, "kappa_replay_slots": 2.0}
+    # Live first's hold, where the agent looked (`kappa metrics serve` does not).
+    assert samples(Snapshot(taken_at=time.time(), replays=(0, 1, 2), replay_hold=True)) == {
+        "kappa_replays_running": 0.0, "kappa_replays_queued": 1.0, "kappa_replay_slots": 2.0,
+        "kappa_replay_hold": 1.0}
+    assert samples(Snapshot(taken_at=time.time(), replays=(0, 0, 2),
+                            replay_hold=False))["kappa_replay_hold"] == 0.0
     # No budget: no slots series; never sampled: no series at all (unknown is never 0).
     assert samples(Snapshot(taken_at=time.time(), replays=(4, 0, None))) == {
         "kappa_replays_running": 4.0, "kappa_replays_queued": 0.0}
