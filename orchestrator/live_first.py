@@ -1,12 +1,14 @@
 """Live first (pure): while versions catch up, the live versions that readers depend on come
-first.
+first, and stay within ``live_lag_protect_s`` of the log end.
 
-A live version more than ``live_lag_protect_s`` behind (the age of its oldest unread record)
-holds the replay queue, so that no catch-up starts, and pauses the lowest-priority catch-up.
-It pauses one more each ``live_lag_protect_s`` for as long as it stays behind, since a pause
-takes a while to show in the live version's lag. The hold ends once every live version is back
-under half the limit, so that a live version hovering at the limit does not pause and resume
-the same catch-up over and over. A lag that was not measured decides nothing."""
+A lag can only be kept under a limit by acting before it is reached: the agent sees a lag a
+sample late, and a live version takes a few seconds to read what piled up once a catch-up has
+made room. So a live version more than half the limit behind (the age of its oldest unread
+record) holds the replay queue, so that no catch-up starts, and pauses the lowest-priority
+catch-up. It pauses one more each half limit for as long as it stays that far behind, since a
+pause takes a while to show in the live version's lag. The hold ends once every live version is
+back under a quarter of the limit, so that a live version hovering at the mark does not pause
+and resume the same catch-up over and over. A lag that was not measured decides nothing."""
 
 from __future__ import annotations
 
@@ -34,6 +36,16 @@ class Decision:
                 f"{self.behind.lag_seconds:.1f}s behind (live_lag_protect_s={limit_s:g})")
 
 
+def acts_at(limit_s: float) -> float:
+    """The lag past which a live version holds the queue and pauses catch-ups."""
+    return limit_s / 2
+
+
+def lets_go_at(limit_s: float) -> float:
+    """The lag under which every live version must be for the hold to end."""
+    return limit_s / 4
+
+
 def decide(live: Sequence[LiveLag], limit_s: float, *, held: bool,
            since_last_pause_s: float | None, catching_up: int) -> Decision:
     """What one look does. ``held``: the queue is held now; ``since_last_pause_s``: since this
@@ -44,7 +56,7 @@ def decide(live: Sequence[LiveLag], limit_s: float, *, held: bool,
         return Decision(hold=held and bool(live), pause=False, behind=None)
     worst = max(known, key=lambda lag: lag.lag_seconds or 0.0)
     behind = worst.lag_seconds or 0.0
-    if behind > limit_s:
-        settled = since_last_pause_s is None or since_last_pause_s >= limit_s
+    if behind > acts_at(limit_s):
+        settled = since_last_pause_s is None or since_last_pause_s >= acts_at(limit_s)
         return Decision(hold=True, pause=catching_up > 0 and settled, behind=worst)
-    return Decision(hold=held and behind > limit_s / 2, pause=False, behind=worst)
+    return Decision(hold=held and behind > lets_go_at(limit_s), pause=False, behind=worst)

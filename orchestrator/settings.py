@@ -100,10 +100,11 @@ class Settings:
     # deploy over it waits in the replay queue (`kappa queue`) until one catches up. None: half
     # this host's cores, at least 2 (a catch-up's driver keeps two cores busy); 0: no budget.
     replay_slots: int | None = None
-    # Live first: while versions catch up, a live version more than this many seconds behind
-    # holds the replay queue and pauses the lowest-priority catch-up (one per this many
-    # seconds), which resumes from its checkpoint once every live version is back under half
-    # of it. Only `kappa agent` measures and pauses. 0: off.
+    # Live first: while versions catch up, the live versions stay within this many seconds of
+    # the log end. One half of it behind holds the replay queue and pauses the lowest-priority
+    # catch-up (one more per half while it stays behind), which resumes from its checkpoint
+    # once every live version is back under a quarter. Only `kappa agent` measures and
+    # pauses. 0: off.
     live_lag_protect_s: float = 60.0
     heartbeat_interval_s: float = 2.0  # how often a driver records that it is alive
     # A driver on another host that has not beaten for this long counts as dead.

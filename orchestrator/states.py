@@ -38,9 +38,12 @@ ALLOWED: dict[RunState, frozenset[RunState]] = {
                                    RunState.QUEUED}),
     RunState.CAUGHT_UP: frozenset({RunState.LIVE, RunState.STOPPED, RunState.FAILED}),
     RunState.LIVE: frozenset({RunState.STOPPED, RunState.FAILED}),
-    # A stopped version fails when the log it read changes under it (a topic recreated).
-    RunState.STOPPED: frozenset({RunState.STARTING, RunState.FAILED, RunState.RETIRED}),
-    RunState.FAILED: frozenset({RunState.STARTING, RunState.STOPPED, RunState.RETIRED}),
+    # A stopped version fails when the log it read changes under it (a topic recreated). A
+    # restart of a catch-up over the replay budget queues it.
+    RunState.STOPPED: frozenset({RunState.STARTING, RunState.FAILED, RunState.RETIRED,
+                                 RunState.QUEUED}),
+    RunState.FAILED: frozenset({RunState.STARTING, RunState.STOPPED, RunState.RETIRED,
+                                RunState.QUEUED}),
     RunState.RETIRED: frozenset(),
 }
 

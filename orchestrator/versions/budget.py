@@ -121,7 +121,7 @@ def waiting(catalog: CatalogAccess, job: str, version: str) -> str | None:
     where = f"place {place[0]} of {place[1]} in the replay queue"
     if held is not None:
         return (f"{where}, held by live first: {held.reason}; it starts once every live "
-                "version is back under half of live_lag_protect_s")
+                "version is back under a quarter of live_lag_protect_s")
     return (f"{where} (replay_slots={s.replay_budget}); it starts when a catch-up before it "
             "is done")
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from orchestrator.catalog import events, runs, versions
 from orchestrator.catalog import replay_queue as queue
 from orchestrator.catalog.access import CatalogAccess
-from orchestrator.live_first import LiveLag, decide
+from orchestrator.live_first import LiveLag, decide, lets_go_at
 from orchestrator.models import VersionLag
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
@@ -49,8 +49,8 @@ def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s:
         if not decision.hold or reason is None:
             if queue.end_hold(conn, schema):
                 events.record(conn, schema, "replay_hold_ended", reason=(
-                    f"every live version is under {limit / 2:g}s behind (half of "
-                    f"live_lag_protect_s={limit:g}): catch-ups start again"))
+                    f"every live version is under {lets_go_at(limit):g}s behind (a quarter "
+                    f"of live_lag_protect_s={limit:g}): catch-ups start again"))
             return paused
         queue.renew_hold(conn, schema, reason, max(_MIN_HOLD_S, _RENEWALS_KEPT * interval_s))
         if current is None:
@@ -67,7 +67,7 @@ def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s:
         runs.change_state(conn, schema, version, RunState.QUEUED,
                           reason=f"paused by live first: {reason}; it resumes from its "
                                  "checkpoint once every live version is back under "
-                                 f"{limit / 2:g}s",
+                                 f"{lets_go_at(limit):g}s",
                           queued_at=run.queued_at or run.started_at or datetime.now(UTC))
         queue.note_pause(conn, schema)
         events.record(conn, schema, "paused", job=version.job, version=version.version,

@@ -4,9 +4,11 @@ NTP has not kept in step with the catalog's (libfaketime moves its processes' cl
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,10 +23,15 @@ _START = ("import sys, warnings; warnings.filterwarnings('ignore'); "
 
 
 @contextmanager
-def skewed_postgres(directory: Path, ahead_s: float) -> Iterator[str]:
-    """A PostgreSQL server of its own, its clock ``ahead_s`` seconds ahead; yields its DSN."""
+def skewed_postgres(ahead_s: float) -> Iterator[str]:
+    """A PostgreSQL server of its own, its clock ``ahead_s`` seconds ahead; yields its DSN.
+
+    Its data directory is not under a tmp_path: any pytest session that starts
+    meanwhile resets /tmp/pytest-of-root to 0700, which locked the server (it runs as user
+    embedded_postgres) out of its data directory: "could not open file .../global/pg_control
+    for reading: Permission denied" (a local CI run beside a unit-test session)."""
     faketime = debian_tool("faketime", "faketime")
-    data = directory / "skewed-pg"
+    data = Path(tempfile.mkdtemp(prefix="kappa-skewed-pg-")) / "skewed-pg"
     started = subprocess.run(
         [faketime, "-f", f"{ahead_s:+g}s", sys.executable, "-c", _START, str(data)],
         capture_output=True, text=True, timeout=120, check=False,
@@ -39,3 +46,4 @@ def skewed_postgres(directory: Path, ahead_s: float) -> Iterator[str]:
         wait_until(lambda: not psutil.pid_exists(pid) or
                    psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
                    "the skewed PostgreSQL to stop")
+        shutil.rmtree(data.parent, ignore_errors=True)

@@ -242,7 +242,7 @@ def _an_outcome_database_whose_clock_is_off_gives_no_data_and_says_so(deployed,
     from integration.clocks import skewed_postgres
 
     settings, service, _, _ = deployed
-    with skewed_postgres(tmp_path, 5.0) as uri:
+    with skewed_postgres(5.0) as uri:
         create_outcomes_table(uri, "app")
         skewed = with_settings(settings, outcomes_pg_dsn=uri)
         defined = kappa_cli(skewed, "metric", "define", JOB, "skewed_converts", "--sql",
