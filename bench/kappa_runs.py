@@ -29,13 +29,13 @@ def job_file(directory: Path, topic: str, version: str) -> Path:
     return path
 
 
-def state_times(settings: Any, version: str) -> dict[str, datetime]:
+def state_times(settings: Any, version: str, job: str = JOB) -> dict[str, datetime]:
     """When the version first entered each state (the catalog's state events)."""
     with connect(settings.pg_dsn, autocommit=True) as conn:
         rows = conn.execute(sql.SQL(
             "SELECT detail->>'to', at FROM {}.events WHERE job = %s AND version = %s "
             "AND kind = 'state' ORDER BY id").format(sql.Identifier(settings.catalog_schema)),
-            (JOB, version)).fetchall()
+            (job, version)).fetchall()
     at: dict[str, datetime] = {}
     for to, when in rows:
         at.setdefault(to, when)

@@ -73,7 +73,7 @@ def settings(stack: object, tmp_path: Path) -> object:
         # once in test_stream_jobs); test_replay_budget sets its own.
         replay_slots=0,
         # Nor live first: an agent in a test pauses no catch-up unless the test says so
-        # (test_live_first).
+        # (test_replay_budget).
         live_lag_protect_s=0,
         # One pool of warm spares per worker's stack, shared by its tests.
         spare_dir=Path(stack.state_dir) / "spares",  # type: ignore[attr-defined]
