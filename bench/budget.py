@@ -30,6 +30,7 @@ twice but for its pauses. It asserts nothing about speed: the figures are compar
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -146,8 +147,11 @@ def one_run(name: str, events: int, live_rate: float, slots: int | None,
                                 "queued": queued, "live_lag_s": live.lag_seconds})
                 if all(states[(j, v)] in ("caught_up", "live") for j, v, _ in SIX):
                     break
-                if any(states[(j, v)] == "failed" for j, v, _ in SIX):
-                    raise RuntimeError(f"{name}: a version failed: {states}")
+                failed = [(j, v) for j, v, _ in SIX if states[(j, v)] == "failed"]
+                if failed:
+                    raise RuntimeError(f"{name}: {failed[0]} failed: " + json.dumps(
+                        [service.version_status(*failed[0]).reason,
+                         service.events(*failed[0], limit=12)], default=str))
                 if time.time() - began > 3600:
                     raise RuntimeError(f"{name}: not caught up in an hour: {states}")
                 time.sleep(1.0)

@@ -5,9 +5,9 @@
 
 Without arguments: reads bench/results/*.json and writes docs/img/replay-throughput.svg and
 replay-startup.svg (bench/replay.py --source kafka archive), switch-latency.svg (bench/switch.py
---per-switch) and cutover-experiment.svg (bench/cutover_trace.py). Each figure plots the newest
-result of its bench (by ``recorded_at``) and says in a footnote on which machine and when it ran,
-and in red when the machine was busy. The output is byte-identical from the same results.
+--per-switch), cutover-experiment.svg (cutover_trace.py) and replay-budget.svg (budget.py). Each
+plots the newest result of its bench (by ``recorded_at``), with a footnote on which machine and
+when it ran, in red when the machine was busy. The output is byte-identical from the same results.
 
 With ``--record NAME -- COMMAND``: runs the bench COMMAND (``--json`` added if missing), and
 writes its JSON to bench/results/NAME.json with the command, the date, the machine (cores,
@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [] if str(ROOT) in sys.path else [str(ROOT)]  # run as a script, bench/ too
+from bench.plot_budget import replay_budget  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 IMAGES = ROOT / "docs" / "img"
 Result = dict[str, Any]
@@ -342,7 +345,8 @@ def cutover_experiment(result: Result, plt: Any) -> Any:
 FIGURES = {"replay-throughput.svg": ("replay", replay_throughput, True),
            "replay-startup.svg": ("replay", replay_startup, True),
            "switch-latency.svg": ("switch", switch_latency, True),
-           "cutover-experiment.svg": ("cutover_trace", cutover_experiment, False)}
+           "cutover-experiment.svg": ("cutover_trace", cutover_experiment, False),
+           "replay-budget.svg": ("budget", replay_budget, True)}
 
 
 def draw(results_dir: Path = RESULTS, out: Path = IMAGES) -> list[Path]:

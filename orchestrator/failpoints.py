@@ -62,6 +62,7 @@ POINTS = (
     "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends
     "ack_proxy.before_forward",  # a Produce's ends are synced; its producer has not heard yet
     "queue.after_claim",  # replay slots are claimed (committed); no driver launched yet
+    "status.before_failing_a_dead_driver",  # a status saw an active run's driver gone
 )
 
 

@@ -17,6 +17,7 @@ from orchestrator.errors import (
     NotFoundError,
     StateError,
 )
+from orchestrator.failpoints import fail_point
 from orchestrator.lag import (
     LagState,
     Thresholds,
@@ -194,9 +195,12 @@ def check_liveness(catalog: CatalogAccess, conn: psycopg.Connection, v: Deployed
             reason = f"{CRASHED} {run.pid} is gone; last log lines in {run.log_path}"
     if reason is None:
         return run
+    fail_point("status.before_failing_a_dead_driver")
+    # Only from the state it was judged in: a stop or a pause since has stopped the driver too.
     updated = runs.change_state(conn, catalog.settings.catalog_schema, v, RunState.FAILED,
-                                reason=reason, expect_attempt=run.attempt)
-    return updated or run
+                                reason=reason, expect_attempt=run.attempt,
+                                expect_state=run.state)
+    return updated or runs.get(conn, catalog.settings.catalog_schema, v.id)
 
 
 def lag(catalog: CatalogAccess, job: str | None = None, version: str | None = None,
