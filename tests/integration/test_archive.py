@@ -295,12 +295,19 @@ def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(setting
         point = ("archive.before_rename", "archive.before_record")[kill % 2]
         held = f"{point}={chance.randint(1, 3)}*off->sleep(600000)"
         env = dict(os.environ, **settings.driver_environment(), KAPPA_FAIL_POINTS=held)
-        proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        wait_until(left_behind, 120, f"archiver run {kill + 1} to hang mid-segment ({held})",
-                   poll_s=0.05)
+        errors = Path(settings.state_dir).parent / f"archiver-{kill}.err"
+        with open(errors, "w") as sink:
+            proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True)
+        # Held at the point, not passing through an ordinary segment's own window (a file under
+        # its temporary name, or in place before its record), which a loaded machine's poll can
+        # see and the archiver leave before the kill lands (CI: "it did not land mid-segment").
+        wait_until(lambda said=f"fail point {point}: sleeping", at=errors:
+                   said in at.read_text() and left_behind(), 120,
+                   f"archiver run {kill + 1} to hang mid-segment ({held})", poll_s=0.05)
         os.kill(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        err = errors.read_text()
         assert "Traceback" not in err
         assert left_behind(), "the kill left nothing behind: it did not land mid-segment"
         service.produce_sample(topic, 2_000, seed=139 + kill)  # the log grows meanwhile
