@@ -46,7 +46,7 @@ for entry in (ROOT, ROOT / "tests"):  # run as a script; the reference lives wit
     if str(entry) not in sys.path:
         sys.path.insert(0, str(entry))
 
-from bench.kappa_runs import state_times  # noqa: E402
+from bench.kappa_runs import job_file, state_times  # noqa: E402
 from bench.stack import bench_stack, report  # noqa: E402
 
 # (job, version, priority) in the order they are deployed. Slots go by priority, then age.
@@ -56,17 +56,6 @@ LIVE = ("budget_live", "v1")
 # run: (within the budget, live first on, the agent killed once at queue.after_claim)
 PLANS = {"budget": (True, True, False), "budget_unprotected": (True, False, True),
          "all_at_once": (False, False, False), "all_at_once_protected": (False, True, False)}
-
-
-def _job_file(directory: Path, topic: str, job: str, version: str) -> Path:
-    import re
-
-    source = (ROOT / "jobs" / "pageview_counts" / f"{version}.py").read_text()
-    source = re.sub(r"^TOPICS = .*$", f'TOPICS = ["{topic}"]', source, flags=re.M)
-    source = re.sub(r"^NAME = .*$", f'NAME = "{job}"', source, flags=re.M)
-    path = directory / f"{job}_{version}.py"
-    path.write_text(source)
-    return path
 
 
 def expected_order(slots: int | None) -> list[tuple[str, str]]:
@@ -124,7 +113,7 @@ def one_run(name: str, events: int, live_rate: float, slots: int | None,
         backlog, live_topic = f"budget_{tag}", f"budget_live_{tag}"
         service.produce_sample(backlog, events, seed=61)
         service.produce_sample(live_topic, 10_000, seed=62)
-        service.deploy(_job_file(workdir, live_topic, *LIVE))
+        service.deploy(job_file(workdir, live_topic, LIVE[1], name=LIVE[0]))
         service.wait(*LIVE, timeout_s=600)
         producer = _Producer(service, live_topic, live_rate)
         producer.start()
@@ -135,7 +124,8 @@ def one_run(name: str, events: int, live_rate: float, slots: int | None,
             time.sleep(5)  # the live version under the producer, before the catch-ups
             began = time.time()
             for job, version, priority in SIX:
-                service.deploy(_job_file(workdir, backlog, job, version), priority=priority)
+                service.deploy(job_file(workdir, backlog, version, shipped=version, name=job),
+                               priority=priority)
             while True:
                 if agent.poll() is not None:  # killed at the fail point: start another
                     agent_exits.append(agent.returncode)

@@ -19,12 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = "pageview_counts"
 
 
-def job_file(directory: Path, topic: str, version: str) -> Path:
-    # v1: the peer reproduces v1's semantics (the URL as it is), so the tables must be equal.
-    source = (ROOT / "jobs" / JOB / "v1.py").read_text()
+def job_file(directory: Path, topic: str, version: str, *, shipped: str = "v1",
+             name: str = JOB) -> Path:
+    """The shipped job ``shipped`` (by default v1: the peer reproduces v1's semantics, the URL
+    as it is, so the tables must be equal) on ``topic``, as job ``name`` at ``version``."""
+    source = (ROOT / "jobs" / JOB / f"{shipped}.py").read_text()
     source = re.sub(r"^TOPICS = .*$", f'TOPICS = ["{topic}"]', source, flags=re.M)
     source = re.sub(r"^VERSION = .*$", f'VERSION = "{version}"', source, flags=re.M)
-    path = directory / f"bench_{version}.py"
+    source = re.sub(r"^NAME = .*$", f'NAME = "{name}"', source, flags=re.M)
+    path = directory / f"bench_{name}_{version}.py"
     path.write_text(source)
     return path
 

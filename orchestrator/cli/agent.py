@@ -29,10 +29,9 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
             supervisor.tick()
             service.keep_spares()  # this host's warm spare drivers, replaced once adopted
         lags = tuple(service.lag(limits=limits))
-        held = None
+        held = None  # `kappa metrics serve` does not look
         if args.command == "agent":  # live first: measured lags hold the queue, or pause
-            service.replays.protect_live(lags, args.interval)
-            held = service.replays.hold() is not None
+            held = service.replays.protect_live(lags, args.interval)
         archive = tuple(service.archive_status()) if getattr(args, "archive", False) else ()
         return Snapshot(lags=lags, statuses=tuple(service.status(exact_rows=False)),
                         aliases=tuple(service.aliases()), archive=archive,

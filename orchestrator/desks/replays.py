@@ -34,8 +34,8 @@ class ReplayDesk:
         """Live first's hold on the queue, if a live version is too far behind."""
         return budget.hold(self.catalog)
 
-    def protect_live(self, lags: Sequence[VersionLag], interval_s: float
-                     ) -> list[tuple[str, str]]:
-        """Hold the queue, or pause a catch-up, while a live version in ``lags`` is more than
-        live_lag_protect_s behind; end the hold once all are back under half of it."""
+    def protect_live(self, lags: Sequence[VersionLag], interval_s: float) -> bool:
+        """Hold the queue, and pause catch-ups, while a live version in ``lags`` is more than
+        half of live_lag_protect_s behind; end the hold once all are back under a quarter of
+        it. Whether the queue is held after this look."""
         return protection.protect_live(self.catalog, lags, interval_s)

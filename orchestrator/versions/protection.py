@@ -29,19 +29,19 @@ _MIN_HOLD_S = 30.0
 
 
 def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s: float
-                 ) -> list[tuple[str, str]]:
-    """One look with the lags just measured; (job, version) of each catch-up it paused."""
+                 ) -> bool:
+    """One look with the lags just measured; whether the queue is held after it (each pause
+    is logged and recorded as an event)."""
     s = catalog.settings
     schema, limit = s.catalog_schema, s.live_lag_limit_s
     live = [LiveLag(lag.job, lag.version, lag.lag_seconds) for lag in lags
             if lag.run_state == RunState.LIVE]
-    paused: list[tuple[str, str]] = []
     with catalog.connection() as conn, conn.transaction():
         queue.lock_queue(conn, schema)
-        current = queue.current_hold(conn, schema)
         if limit is None:
             queue.end_hold(conn, schema)
-            return paused
+            return False
+        current = queue.current_hold(conn, schema)
         decision = decide(live, limit, held=current is not None,
                           since_last_pause_s=current.since_last_pause_s if current else None,
                           catching_up=queue.holding_slots(conn, schema))
@@ -51,7 +51,7 @@ def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s:
                 events.record(conn, schema, "replay_hold_ended", reason=(
                     f"every live version is under {lets_go_at(limit):g}s behind (a quarter "
                     f"of live_lag_protect_s={limit:g}): catch-ups start again"))
-            return paused
+            return False
         queue.renew_hold(conn, schema, reason, max(_MIN_HOLD_S, _RENEWALS_KEPT * interval_s))
         if current is None:
             behind = decision.behind
@@ -60,7 +60,7 @@ def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s:
                           reason=f"{reason}: no catch-up starts")
         version_id = queue.pause_candidate(conn, schema) if decision.pause else None
         if version_id is None:
-            return paused
+            return True
         version = versions.by_id(conn, schema, version_id)
         run = runs.get(conn, schema, version_id, for_update=True)
         launcher.stop_driver(run)  # under the run's lock: it records nothing more
@@ -72,6 +72,5 @@ def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s:
         queue.note_pause(conn, schema)
         events.record(conn, schema, "paused", job=version.job, version=version.version,
                       reason=reason, attempt=run.attempt)
-        paused.append((version.job, version.version))
-    log.info("paused %s %s: %s", *paused[0], reason)
-    return paused
+    log.info("paused %s %s: %s", version.job, version.version, reason)
+    return True

@@ -80,20 +80,11 @@ def _in_state(service: object, job: str, state: str) -> object:
     return status if status.state.value == state else None
 
 
-def _alive(pid: int | None) -> bool:
-    """Whether the process runs (a zombie the agent has not reaped yet does not)."""
-    import psutil
-
-    try:
-        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_one_slot_by_priority_then_age_a_killed_claim_starts_once_and_live_comes_first(
         settings, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.failpoints import release
     from orchestrator.service import Orchestrator
+    from orchestrator.spark.launch.driver_process import is_alive
 
     settings = replace(settings, replay_slots=1, live_lag_protect_s=LIMIT_S)
     service = Orchestrator(settings)
@@ -161,7 +152,7 @@ def test_one_slot_by_priority_then_age_a_killed_claim_starts_once_and_live_comes
             paused = wait_until(lambda: _in_state(service, "budget_c", "queued"), 90,
                                 "budget_c to be paused")
             assert "paused by live first: live version budget_a v1" in (paused.reason or "")
-            wait_until(lambda: not _alive(replaying), 30, "the paused driver to exit")
+            wait_until(lambda: not is_alive(replaying, None), 30, "the paused driver to exit")
             # While it is held, a deploy queues, whatever the slots.
             held = service.deploy(files["budget_e"], priority=1000)
             assert held.status.state.value == "queued"

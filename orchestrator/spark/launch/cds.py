@@ -5,8 +5,8 @@ The JVM maps the classes that a warm-up session loaded from the archive instead 
 verifying them one by one. An archive is only valid for the JDK, the Spark jars (their paths,
 sizes and times) and the JVM flags it was made with, so its file name carries a digest of all
 three: a new JDK or Spark, or the same one reinstalled, gets a new archive, and a driver never
-starts with one that does not fit. No pyspark here: building runs in
-a process of its own (``orchestrator.spark.launch.cds_build``).
+starts with one that does not fit. No pyspark here: building runs in a process of its own
+(``orchestrator.spark.launch.cds_build``).
 """
 
 from __future__ import annotations
