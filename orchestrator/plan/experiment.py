@@ -90,14 +90,19 @@ class ExperimentRunner:
         evidence_at = max((h["at"] for h in history if h["verdict"] != Verdict.NO_DATA.value),
                           default=started)
         baseline = str(history[0]["evidence"]["baseline"])
+        # A look's time after the last look, not on a grid from the start: a host resumed late
+        # (a deferred Airflow task on a loaded machine) took the overdue looks back to back, on
+        # the same observations, the bandit moving its share by up to max_step at each.
+        last_at: datetime = history[-1]["at"]
         while True:
             host._check_still_running()
-            due = started + timedelta(seconds=(number + 1) * design.look_seconds)
+            due = last_at + timedelta(seconds=design.look_seconds)
             at = self._wait_until(due)
             if at is None:
                 return due
             number += 1
             look, evidence = self._look(metrics, baseline, started, at, percent, evidence_at)
+            last_at = at
             if look.decision.verdict != Verdict.NO_DATA:
                 evidence_at = at
             with host.catalog.connection() as conn, conn.transaction():

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ def test_outcome_cutovers_end_to_end(deployed, tmp_path: Path) -> None:
     _a_metric_query_past_its_statement_timeout_gives_no_data_then_rolls_back(deployed)
     _a_promql_metric_judges_by_the_applications_counters_in_prometheus(deployed, tmp_path)
     _a_running_test_is_on_the_dashboard(deployed, tmp_path)
+    _a_deferred_test_resumed_late_takes_one_look_then_waits_a_look_again(deployed)
     _a_killed_cutover_resumes_with_the_same_statistics_and_promotes_a_better_one(deployed)
     _a_cutover_killed_after_its_promote_keeps_it_when_run_again(deployed)
 
@@ -444,6 +445,39 @@ def _a_running_test_is_on_the_dashboard(deployed, tmp_path: Path) -> None:
         app.stop()
     assert service.outcomes.experiment(JOB)["status"] == "running", err
     assert service.abort_cutover(JOB, "v2", reason="the dashboard was checked") is not None
+    assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
+
+
+def _a_deferred_test_resumed_late_takes_one_look_then_waits_a_look_again(deployed) -> None:
+    """A host that pauses between looks (Airflow defers the task) and is resumed three looks'
+    time after the look was due takes that one look and waits a look's time again. The overdue
+    looks were taken back to back, on the same observations, the bandit moving its share by
+    up to --max-step at each (CI, test_airflow_outcomes: a loaded machine resumed the task
+    late, and the DAG's bandit promoted after one deferral)."""
+    from orchestrator.experiment.design import ExperimentDesign, Strategy
+
+    service = deployed[1]
+    design = ExperimentDesign(Strategy.BANDIT, ("converts",), start_percent=20, min_percent=10,
+                              max_percent=60, max_step=20, look_seconds=1.0, min_per_arm=200,
+                              pre_period_s=0.0)
+
+    def resume() -> dict[str, Any]:
+        return service.cutover(JOB, "v2", ramp=[], soak_seconds=0, experiment=design,
+                               pausing=True)
+
+    first = resume()
+    assert first["status"] == "waiting", first
+    late = datetime.fromisoformat(first["next_look_at"]) + timedelta(seconds=3.0)
+    wait_until(lambda: datetime.now(UTC) > late, 30, "three looks' time past the due look")
+    try:
+        second = resume()
+        looks = service.outcomes.experiment(JOB)["looks"]
+        assert [look["look"] for look in looks] == [0, 1], [(x["look"], x["at"]) for x in looks]
+        assert second["status"] == "waiting", second
+        assert datetime.fromisoformat(second["next_look_at"]) >= looks[-1]["at"] + timedelta(
+            seconds=design.look_seconds), (second, looks[-1]["at"])
+    finally:
+        service.abort_cutover(JOB, "v2", reason="the late resume was seen")
     assert service.serving(JOB).primary == "v1" and service.serving(JOB).candidate is None
 
 
