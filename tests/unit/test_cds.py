@@ -82,3 +82,35 @@ def test_a_reinstall_of_the_same_spark_at_the_same_path_gets_a_new_archive(
     stat = jar.stat()
     os.utime(jar, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # reinstalled
     assert cds.archive_path() != before
+
+
+
+def test_a_driver_start_marks_its_archive_in_use(archive_dir: Path) -> None:
+    import os
+    import time
+
+    path = cds.archive_path()
+    assert path is not None
+    path.write_bytes(b"archive")
+    eight_days_ago = time.time() - 8 * 86400
+    os.utime(path, (eight_days_ago, eight_days_ago))
+    assert cds.driver_java_options().endswith(f"-XX:SharedArchiveFile={path}")
+    assert path.stat().st_mtime > time.time() - 600  # another install's build keeps it
+
+
+def test_a_new_build_removes_archives_no_driver_started_with_for_a_week(
+        archive_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each reinstall of the venv or the JDK leaves an archive of about 170 MB behind, under a
+    # name no driver asks for again.
+    import os
+    import time
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(cds, "spawn_detached", lambda argv, env, log: started.append(argv))
+    gone, in_use = archive_dir / "driver-0000000000000001.jsa", archive_dir / "driver-2.jsa"
+    for old, days in ((gone, 8), (gone.with_suffix(".log"), 8), (in_use, 6)):
+        old.write_bytes(b"archive")
+        os.utime(old, (time.time() - days * 86400, time.time() - days * 86400))
+    assert cds.build_in_background() is True and len(started) == 1
+    assert not gone.exists() and not gone.with_suffix(".log").exists()
+    assert in_use.is_file()

@@ -11,6 +11,7 @@ starts with one that does not fit. No pyspark here: building runs in a process o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -28,6 +29,9 @@ DIR_VARIABLE = "KAPPA_CDS_DIR"
 DISABLE_VARIABLE = "KAPPA_CDS"  # "off": drivers neither use nor build an archive
 # A build that has not finished in this long died: another may start.
 _BUILD_LOCK_TTL_S = 600.0
+# An archive no driver has started with for this long belongs to a JDK, Spark or venv that is
+# gone (each reinstall leaves one of about 170 MB behind): a new build removes it.
+UNUSED_ARCHIVE_TTL_S = 7 * 86400.0
 
 
 def archive_dir() -> Path:
@@ -80,6 +84,10 @@ def driver_java_options() -> str:
     path = archive_path() if enabled() else None
     if path is None or not path.is_file():
         return DRIVER_JAVA_OPTS
+    # In use: a build for another install leaves it (in a cache another user owns, it serves
+    # all the same).
+    with contextlib.suppress(OSError):
+        os.utime(path)
     # auto: an archive the JVM cannot map (a changed classpath) is ignored, never fatal.
     return f"{DRIVER_JAVA_OPTS} -Xshare:auto -XX:SharedArchiveFile={path}"
 
@@ -112,9 +120,24 @@ def _start_build() -> bool:
     except FileExistsError:
         return False
     os.close(fd)
+    _remove_unused(path)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spawn_detached([sys.executable, "-m", "orchestrator.spark.launch.cds_build", str(path)], env,
                    path.with_suffix(".log"))
     return True
+
+
+def _remove_unused(keep: Path) -> None:
+    """Archives (and their logs) that no driver started with for UNUSED_ARCHIVE_TTL_S."""
+    horizon = time.time() - UNUSED_ARCHIVE_TTL_S
+    for archive in keep.parent.glob("driver-*.jsa"):
+        try:
+            if archive != keep and archive.stat().st_mtime < horizon:
+                archive.unlink()
+                archive.with_suffix(".log").unlink(missing_ok=True)
+                log.info("removed the driver class archive %s: unused for %d days", archive,
+                         UNUSED_ARCHIVE_TTL_S // 86400)
+        except OSError:
+            pass  # gone meanwhile, or not ours
