@@ -63,12 +63,16 @@ def test_reprocess_with_a_bandit_conf_defers_between_looks_and_promotes(
             app.stop()
         text = run.stdout + run.stderr
         assert run.returncode == 0, text[-6000:]
-        # The cutover task gave its slot back between looks, and came back for each.
-        assert text.count("the next look is due at") >= 2, text[-6000:]
         assert "new_state=deferred" in text or "TaskDeferred" in text, text[-6000:]
 
         assert service.serving(JOB).primary == "v2"
         found = service.outcomes.experiment(JOB)
+        # The cutover task gave its slot back between looks, and came back for each: one look
+        # per resume, however late the loaded machine resumed it (and so however few looks the
+        # test needed to decide).
+        deferrals = text.count("the next look is due at")
+        taken = [(look["look"], look["at"]) for look in found["looks"]]
+        assert deferrals >= len(taken) - 1 >= 1, (deferrals, taken)
         assert found["status"] == "succeeded" and found["verdict"] == "promote", found
         assert found["design"]["strategy"] == "bandit" and found["design"]["look_seconds"] == 2
         history = service.history(JOB)
