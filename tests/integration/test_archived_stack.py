@@ -216,7 +216,11 @@ class _Writer:
     def _run(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
+        # Batches of 100 ms, as an application's producer fills them: Tansu's memory storage
+        # lists every batch of a partition at each Fetch, and 5 ms batches (about 400 a second
+        # from two writers) slowed its Fetches past the archiver's 10 s as the logs grew, so
+        # that a topic's first pass never came (CI, twice: no record of RETRIED archived).
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 100,
                              "message.timeout.ms": 5000,
                              "reconnect.backoff.max.ms": self.reconnect_max_ms})
 
