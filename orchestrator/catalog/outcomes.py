@@ -201,12 +201,21 @@ def _span(prefix: str, instant: str) -> str:
     return f"width_bucket({instant}, %({prefix}starts)s::timestamptz[])"
 
 
+def _exact_sum(expression: str, where: str | None = None) -> str:
+    """sum() of float8 values, exact and rounded once (as math.fsum): the same rows give the
+    same bits in whatever order a plan reads them. Each value goes through its shortest exact
+    text (extra_float_digits > 0, set for the look) into numeric, whose additions are exact."""
+    also = f" FILTER (WHERE {where})" if where else ""
+    return f"(sum(({expression})::text::numeric){also})::float8"
+
+
 # by_key.key_history in SQL: each key's mean before the test less the mean of all, shrunk by
 # the share of its spread that is the key's own (between / (between + within / m)), and what
 # that leaves unknown (1 less that share). Materialized: read once, not once per observation.
 _HISTORY = sql.SQL(
-    "pooled AS (SELECT sum(x) / sum(m) AS mean, sum(m) AS n, sum(m * m) AS nn, count(*) AS keys, "
-    "sum(xx - x * x / m) AS within_squares, sum(x * x / m) AS key_squares FROM before), "
+    f"pooled AS (SELECT {_exact_sum('x')} / sum(m) AS mean, sum(m) AS n, sum(m * m) AS nn, "
+    f"count(*) AS keys, {_exact_sum('xx - x * x / m')} AS within_squares, "
+    f"{_exact_sum('x * x / m')} AS key_squares FROM before), "
     "spread AS (SELECT mean, CASE WHEN n > keys THEN greatest(within_squares / (n - keys), 0) "
     "ELSE 0 END AS within, n, nn, keys, key_squares FROM pooled), "
     "components AS (SELECT mean, within, CASE WHEN n - nn / n > 0 THEN greatest((key_squares "
@@ -232,8 +241,9 @@ def _cells(metric: OutcomeMetric, how: Attribution) -> sql.Composable:
             last=sql.SQL(_span("w_", "o.observed_at")), then=_serving("w_", "w.n", "o.key"))
     return sql.SQL(
         "WITH observed AS ({observations}), "
-        "before AS MATERIALIZED (SELECT o.key, count(*) AS m, sum(o.value) AS x, "
-        "sum(o.value * o.value) AS xx FROM (SELECT *, {window_span} AS w FROM observed o "
+        f"before AS MATERIALIZED (SELECT o.key, count(*) AS m, {_exact_sum('o.value')} AS x, "
+        f"{_exact_sum('o.value * o.value')} AS xx "
+        "FROM (SELECT *, {window_span} AS w FROM observed o "
         "WHERE {at} >= %(history_since)s AND {at} < %(started)s AND observed_at < %(until)s "
         "AND key IS NOT NULL AND value IS NOT NULL) o "
         "WHERE o.w > 0 AND {baseline} = %(baseline)s GROUP BY o.key), "
@@ -245,8 +255,8 @@ def _cells(metric: OutcomeMetric, how: Attribution) -> sql.Composable:
         "coalesce(history.h, 0) AS h, coalesce(history.u, 1) AS u FROM o LEFT JOIN history "
         "ON history.key = o.key WHERE o.arm IN (%(baseline)s, %(candidate)s)), "
         "cells AS (SELECT n, arm, key, count(*) FILTER (WHERE NOT moved) AS c, "
-        "coalesce(sum(value) FILTER (WHERE NOT moved), 0) AS y, "
-        "coalesce(sum(value * value) FILTER (WHERE NOT moved), 0) AS q, "
+        f"coalesce({_exact_sum('value', 'NOT moved')}, 0) AS y, "
+        f"coalesce({_exact_sum('value * value', 'NOT moved')}, 0) AS q, "
         "count(*) FILTER (WHERE moved) AS moved, max(h) AS h, max(u) AS u FROM credited "
         "GROUP BY n, arm, key) ").format(
         observations=_observations(metric, how.served_at), at=sql.SQL(at),
@@ -274,11 +284,13 @@ def strata(conn: psycopg.Connection, metric: OutcomeMetric, how: Attribution, *,
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         _read_only(conn, timeout_ms)
+        conn.execute("SET LOCAL extra_float_digits = 1")  # _exact_sum's exact text
         rows = conn.execute(cells + sql.SQL(
-            "SELECT n, arm, sum(c), sum(y), sum(q), count(*) FILTER (WHERE c > 0), "
-            "sum(c * c), coalesce(sum(y * y / c) FILTER (WHERE c > 0), 0), sum(c * h), "
-            "sum(c * h * h), sum(y * h), sum(c * u), sum(c * c * u), sum(moved) FROM cells "
-            "GROUP BY n, arm"),
+            f"SELECT n, arm, sum(c), {_exact_sum('y')}, {_exact_sum('q')}, "
+            "count(*) FILTER (WHERE c > 0), sum(c * c), "
+            f"coalesce({_exact_sum('y * y / c', 'c > 0')}, 0), {_exact_sum('c * h')}, "
+            f"{_exact_sum('c * h * h')}, {_exact_sum('y * h')}, {_exact_sum('c * u')}, "
+            f"{_exact_sum('c * c * u')}, sum(moved) FROM cells GROUP BY n, arm"),
             params).fetchall()
         found: list[list[KeyedArm]] = [[NO_KEYS, NO_KEYS] for _ in how.spans]
         left_out = 0
@@ -298,6 +310,13 @@ def strata(conn: psycopg.Connection, metric: OutcomeMetric, how: Attribution, *,
         return KeyedStrata(keyed, _key_sums(conn, cells, params, weighing)), left_out
 
 
+# A key's terms in one stratum and arm: its weight times its observations, and times its
+# residuals (its values less theta times its history, less the arm's mean).
+_LOADING = "CASE WHEN arm = %(candidate)s THEN cand_weight ELSE base_weight END * c"
+_RESIDUAL = ("CASE WHEN arm = %(candidate)s THEN cand_weight * (y - %(theta)s * c * h - "
+             "cand_mean * c) ELSE base_weight * (y - %(theta)s * c * h - base_mean * c) END")
+
+
 def _key_sums(conn: psycopg.Connection, cells: sql.Composable, params: dict[str, Any],
               weighing: Weighing) -> KeySums:
     """by_key's second pass: each key's sums against the first pass's coefficients."""
@@ -307,16 +326,16 @@ def _key_sums(conn: psycopg.Connection, cells: sql.Composable, params: dict[str,
         ", coefficients AS (SELECT * FROM unnest(%(base_weight)s::float8[], "
         "%(base_mean)s::float8[], %(cand_weight)s::float8[], %(cand_mean)s::float8[]) WITH "
         "ORDINALITY AS x(base_weight, base_mean, cand_weight, cand_mean, n)), "
-        "per_key AS (SELECT key, sum(CASE WHEN arm = %(candidate)s THEN cand_weight ELSE "
-        "base_weight END * c) AS loading, sum(CASE WHEN arm = %(candidate)s THEN cand_weight * "
-        "(y - %(theta)s * c * h - cand_mean * c) ELSE base_weight * "
-        "(y - %(theta)s * c * h - base_mean * c) END) AS residual, "
+        f"per_key AS (SELECT key, {_exact_sum(_LOADING)} AS loading, "
+        f"{_exact_sum(_RESIDUAL)} AS residual, "
         "bool_or(base_weight <> 0) AS used, sum(c) FILTER (WHERE arm = %(baseline)s) AS "
         "base_n, sum(c) FILTER (WHERE arm = %(candidate)s) AS cand_n, max(u) AS u FROM cells "
         "JOIN coefficients USING (n) WHERE c > 0 GROUP BY key) "
-        "SELECT coalesce(sum(loading * loading * u), 0), coalesce(sum(residual * residual), 0), "
+        f"SELECT coalesce({_exact_sum('loading * loading * u')}, 0), "
+        f"coalesce({_exact_sum('residual * residual')}, 0), "
         "count(*) FILTER (WHERE used), count(base_n), count(cand_n), "
-        "coalesce(sum(base_n * base_n * u), 0), coalesce(sum(cand_n * cand_n * u), 0) "
+        f"coalesce({_exact_sum('base_n * base_n * u')}, 0), "
+        f"coalesce({_exact_sum('cand_n * cand_n * u')}, 0) "
         "FROM per_key"),
         {**params, "base_weight": [a.weight for a, _ in pairs],
          "base_mean": [a.mean for a, _ in pairs], "cand_weight": [b.weight for _, b in pairs],

@@ -96,21 +96,18 @@ def keyed_arm(cells: Iterable[tuple[int, float, float]],
               history: Iterable[tuple[float, float]] | None = None) -> KeyedArm:
     """An arm from its keys' (observations, sum, sum of squares), and their histories
     (:func:`key_history`'s (shift, unknown) per key)."""
-    count, total, squares, keys, count_squares, key_squares = 0, 0.0, 0.0, 0, 0.0, 0.0
-    by_history = [0.0, 0.0, 0.0, 0.0, 0.0]
-    for (n, y, q), (h, u) in zip(cells, history if history is not None else _no_history(),
-                                 strict=False):
-        if n <= 0:
-            continue
-        count += n
-        total += y
-        squares += q
-        keys += 1
-        count_squares += n * n
-        key_squares += y * y / n
-        for index, term in enumerate((n * h, n * h * h, y * h, n * u, n * n * u)):
-            by_history[index] += term
-    return KeyedArm(count, total, squares, keys, count_squares, key_squares, *by_history)
+    kept = [(n, y, q, h, u) for (n, y, q), (h, u) in zip(
+        cells, history if history is not None else _no_history(), strict=False) if n > 0]
+    # Summed exactly (math.fsum): the same keys give the same bits in whatever order they come.
+    return KeyedArm(sum(n for n, *_ in kept), math.fsum(y for _, y, *_ in kept),
+                    math.fsum(q for _, _, q, _, _ in kept), len(kept),
+                    float(sum(n * n for n, *_ in kept)),
+                    math.fsum(y * y / n for n, y, *_ in kept),
+                    math.fsum(n * h for n, _, _, h, _ in kept),
+                    math.fsum(n * h * h for n, _, _, h, _ in kept),
+                    math.fsum(y * h for _, y, _, h, _ in kept),
+                    math.fsum(n * u for n, *_, u in kept),
+                    math.fsum(n * n * u for n, *_, u in kept))
 
 
 def _no_history() -> Iterable[tuple[float, float]]:
@@ -130,11 +127,11 @@ def key_history(before: Mapping[str, tuple[int, float, float]]
     count = sum(n for n, _, _ in seen.values())
     if not count:
         return {}
-    mean = sum(y for _, y, _ in seen.values()) / count
+    mean = math.fsum(y for _, y, _ in seen.values()) / count
     within_df = count - len(seen)
-    within = (sum(q - y * y / n for n, y, q in seen.values()) / within_df
+    within = (math.fsum(q - y * y / n for n, y, q in seen.values()) / within_df
               if within_df > 0 else 0.0)
-    between_squares = sum(y * y / n for n, y, _ in seen.values()) - count * mean * mean
+    between_squares = math.fsum(y * y / n for n, y, _ in seen.values()) - count * mean * mean
     scale = count - sum(n * n for n, _, _ in seen.values()) / count
     between = (max(0.0, (between_squares - within * (len(seen) - 1)) / scale)
                if scale > 0 else 0.0)
@@ -355,8 +352,9 @@ def key_sums(weighing: Weighing, cells: Mapping[str, Sequence[Mapping[str, Cell]
     def unknown(key: str) -> float:
         return histories.get(key, (0.0, 1.0))[1]
 
-    return KeySums(sum(v * v * unknown(k) for k, v in loading.items()),
-                   sum(v * v for v in residual.values()), len(loading), len(arm_counts[0]),
+    # Exact sums (math.fsum), as the catalog's SQL takes them: no order shows in the bits.
+    return KeySums(math.fsum(v * v * unknown(k) for k, v in loading.items()),
+                   math.fsum(v * v for v in residual.values()), len(loading), len(arm_counts[0]),
                    len(arm_counts[1]),
-                   float(sum(n * n * unknown(k) for k, n in arm_counts[0].items())),
-                   float(sum(n * n * unknown(k) for k, n in arm_counts[1].items())))
+                   math.fsum(n * n * unknown(k) for k, n in arm_counts[0].items()),
+                   math.fsum(n * n * unknown(k) for k, n in arm_counts[1].items()))
