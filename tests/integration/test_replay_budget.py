@@ -28,7 +28,7 @@ from integration.observability import agent
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-JOBS = ("budget_a", "budget_b", "budget_c", "budget_d", "budget_e")
+JOBS = ("budget_a", "budget_b", "budget_c", "budget_d", "budget_e", "budget_f")
 LIMIT_S = 30.0  # live first acts at 15 s behind, and lets go under 7.5 s
 
 
@@ -92,11 +92,18 @@ def test_one_slot_by_priority_then_age_a_killed_claim_starts_once_and_live_comes
     producer = _Producer(service, topic)
     released = tmp_path / "released"
     released.mkdir()
+    first_released = tmp_path / "first_released"  # budget_a's own: released before budget_c's
+    first_released.mkdir()
     frozen = False
     try:
         service.produce_sample(topic, 20_000, seed=31)
         files = {job: job_file(tmp_path, "v1", topic, name=job) for job in JOBS}
+        # budget_a holds its first read until the queue has been looked at: it replays, with no
+        # rate measured yet, whatever the machine's speed (it once had moved on from starting).
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "source.read=pause")
+        monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(first_released))
         first = service.deploy(files["budget_a"])
+        monkeypatch.delenv("KAPPA_FAIL_POINTS")
         assert first.status.state.value in ("starting", "replaying")
         sampler.start()
         assert service.deploy(files["budget_b"]).status.state.value == "queued"
@@ -105,16 +112,26 @@ def test_one_slot_by_priority_then_age_a_killed_claim_starts_once_and_live_comes
         assert third.status.state.value == "queued"
         assert "waiting for a replay slot (replay_slots=1)" in (third.status.reason or "")
         assert service.deploy(files["budget_d"], priority="-3").status.state.value == "queued"
+        # Of budget_b's priority and younger: after it.
+        assert service.deploy(files["budget_f"], priority=0).status.state.value == "queued"
 
         listed = json.loads(kappa_cli(settings, "queue", "--json", check=True).stdout)
         assert listed["replay_slots"] == 1 and listed["hold"] is None
-        assert [(e["job"], e["state"], e["place"]) for e in listed["versions"]] == [
-            ("budget_a", first.status.state.value, None), ("budget_c", "queued", 1),
-            ("budget_b", "queued", 2), ("budget_d", "queued", 3)]
-        assert all(e["wait_s"] is None or e["wait_s"] >= 0 for e in listed["versions"])
+        (holder, *queued) = listed["versions"]
+        assert holder["state"] in ("starting", "replaying"), holder
+        assert [(e["job"], e["place"]) for e in listed["versions"]] == [
+            ("budget_a", None), ("budget_c", 1), ("budget_b", 2), ("budget_f", 3),
+            ("budget_d", 4)]
+        assert all(e["state"] == "queued" for e in queued), queued
+        # Nothing read yet, so no rate: budget_a's ETA is unknown, and so is every wait behind
+        # it (null, never a made-up 0).
+        assert (holder["wait_s"], holder["eta_s"]) == (0.0, None), holder
+        assert all((e["wait_s"], e["eta_s"]) == (None, None) for e in queued), queued
+        release(first_released, "source.read")
 
         # A queued version that is retired leaves the queue, and never starts.
-        service.retire("budget_d", "v1")
+        for job in ("budget_d", "budget_f"):
+            service.retire(job, "v1")
         assert [e["job"] for e in service.replays.queue()] == ["budget_a", "budget_c",
                                                               "budget_b"]
         # A restart takes its turn, as a deploy does: budget_b, stopped while queued, is queued
