@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,7 @@ from orchestrator.spark.launch.zygote_client import HASH_SEED_VARIABLE, SOCKET_V
 from orchestrator.spark.pyspark_path import WORKER_SITE
 
 from conftest import wait_until
+from integration.helpers import reap
 
 pytestmark = [pytest.mark.integration]
 ZYGOTE = "orchestrator.spark.launch.zygote"
@@ -35,12 +37,19 @@ def socket_path() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _start_daemon(path: str, seed: str = "0", module: str = "pyspark.daemon"
-                  ) -> subprocess.Popen[bytes]:
+@contextmanager
+def _daemon(path: str, seed: str = "0", module: str = "pyspark.daemon"
+            ) -> Iterator[subprocess.Popen[bytes]]:
+    """The daemon, started as the JVM starts it; killed and reaped on the way out if a check
+    failed before :func:`_close`, rather than left running with its pipes open."""
     env = {**os.environ, SOCKET_VARIABLE: path, HASH_SEED_VARIABLE: "0", "PYTHONHASHSEED": seed,
            "PYTHONPATH": os.pathsep.join([WORKER_SITE, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", module, "pyspark.worker"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    daemon = subprocess.Popen([sys.executable, "-m", module, "pyspark.worker"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        yield daemon
+    finally:
+        reap(daemon)
 
 
 def _port(daemon: subprocess.Popen[bytes]) -> int:
@@ -66,14 +75,14 @@ def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, modul
                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
-        daemon = _start_daemon(socket_path, module=module)
-        port = _port(daemon)
-        assert 0 < port < 65536  # written by the forked daemon into the starter's stdout
-        (forked,) = psutil.Process(zygote.pid).children()
-        assert "orchestrator.spark.launch.zygote" in " ".join(forked.cmdline())
-        assert psutil.Process(daemon.pid).children() == []  # the starter only waits
-        assert not _listens(daemon.pid, port)  # the forked child does
-        assert _close(daemon) == 1  # its stdin closed: 1, as when started alone
+        with _daemon(socket_path, module=module) as daemon:
+            port = _port(daemon)
+            assert 0 < port < 65536  # written by the forked daemon into the starter's stdout
+            (forked,) = psutil.Process(zygote.pid).children()
+            assert "orchestrator.spark.launch.zygote" in " ".join(forked.cmdline())
+            assert psutil.Process(daemon.pid).children() == []  # the starter only waits
+            assert not _listens(daemon.pid, port)  # the forked child does
+            assert _close(daemon) == 1  # its stdin closed: 1, as when started alone
         wait_until(lambda: not psutil.Process(zygote.pid).children(), 30, "the child to end")
     finally:
         zygote.terminate()
@@ -81,11 +90,11 @@ def test_a_daemon_the_jvm_starts_is_forked_by_the_zygote(socket_path: str, modul
 
 
 def test_without_a_zygote_the_daemon_starts_as_before(socket_path: str) -> None:
-    daemon = _start_daemon(socket_path)  # nothing listens there
-    port = _port(daemon)
-    assert 0 < port < 65536
-    assert _listens(daemon.pid, port)  # the started process serves, as Spark's own would
-    assert _close(daemon) == 1  # pyspark's daemon shuts down with 1 when its stdin closes
+    with _daemon(socket_path) as daemon:  # nothing listens there
+        port = _port(daemon)
+        assert 0 < port < 65536
+        assert _listens(daemon.pid, port)  # the started process serves, as Spark's own would
+        assert _close(daemon) == 1  # pyspark's daemon shuts down with 1 when its stdin closes
 
 
 def test_the_starter_exits_with_the_status_of_the_process_run_for_it(socket_path: str) -> None:
@@ -125,10 +134,10 @@ def test_a_process_asking_for_another_hash_seed_starts_on_its_own(socket_path: s
                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         wait_until(lambda: Path(socket_path).exists(), 60, "the zygote to listen", poll_s=0.1)
-        daemon = _start_daemon(socket_path, seed="7")
-        assert 0 < _port(daemon) < 65536
-        assert psutil.Process(zygote.pid).children() == []
-        _close(daemon)
+        with _daemon(socket_path, seed="7") as daemon:
+            assert 0 < _port(daemon) < 65536
+            assert psutil.Process(zygote.pid).children() == []
+            _close(daemon)
     finally:
         zygote.terminate()
         zygote.wait(30)

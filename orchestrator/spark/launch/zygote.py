@@ -26,7 +26,6 @@ import runpy
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -56,17 +55,23 @@ _PRELOAD = (
 )
 
 
-def start() -> subprocess.Popen[bytes]:
+def start() -> int:
     """Start this driver's zygote, and name it in this process's environment, which the JVM
-    (started next) and the processes it starts inherit. It ends with the driver."""
+    (started next) and the processes it starts inherit; its PID. It ends with the driver.
+
+    posix_spawn rather than subprocess.Popen: nothing waits for the zygote, which exits once
+    orphaned, and a Popen object dropped (or collected at exit) while its child runs warns
+    (ResourceWarning). In the driver's process group, as a Popen's child was: a stop that
+    signals the group ends it too."""
     path = str(Path(tempfile.mkdtemp(prefix="kappa-zygote-")) / "zygote.sock")
     seed = os.environ.get("PYTHONHASHSEED", "0")  # what pyspark gives its workers unless set
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator.spark.launch.zygote", path],
-                               env={**os.environ, "PYTHONUNBUFFERED": "YES",
-                                    "PYTHONHASHSEED": seed}, stdin=subprocess.DEVNULL)
+    pid = os.posix_spawn(sys.executable,
+                         [sys.executable, "-m", "orchestrator.spark.launch.zygote", path],
+                         {**os.environ, "PYTHONUNBUFFERED": "YES", "PYTHONHASHSEED": seed},
+                         file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
     os.environ[SOCKET_VARIABLE] = path
     os.environ[HASH_SEED_VARIABLE] = seed
-    return process
+    return pid
 
 
 def serve(path: str) -> None:
