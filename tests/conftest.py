@@ -3,7 +3,9 @@ isolation through uuid-named topics, catalog schemas and state directories.
 
 The shared stack's broker keeps its log in memory unless KAPPA_TEST_BROKER_STORAGE says s3 or
 archive; tests that start stacks of their own use the default (archived) storage unless they say
-otherwise. The run ends with a list of the broker storage each integration test used."""
+otherwise. The run ends with a list of the broker storage each integration test used, the tests
+skipped for a missing tool (only with KAPPA_TEST_MISSING_TOOLS=skip: elsewhere they fail), and
+the run's figures per module (wall, CPU, driver starts), also written to a JSON file."""
 
 from __future__ import annotations
 
@@ -11,26 +13,43 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from cpu_accounting import PROPERTY as CPU_PROPERTY  # noqa: E402
-from cpu_accounting import CpuMeter, summary_lines  # noqa: E402
+from cpu_accounting import (  # noqa: E402
+    CpuMeter,
+    DriverStarts,
+    figures_path,
+    most_cpu_lines,
+    run_figures,
+    run_groups,
+    slowest_modules_lines,
+    write_figures,
+)
 from cpu_kinds import KindSampler  # noqa: E402
 
 SHARED_STORAGE = os.environ.get("KAPPA_TEST_BROKER_STORAGE", "memory")
 # nodeid -> the broker storages the test used ("memory", "s3")
 _STORAGE_USED: dict[str, set[str]] = {}
-_SECONDS_PER_MODULE: dict[str, float] = {}  # setup, call and teardown, summed
+_SECONDS: dict[str, float] = {}  # nodeid -> setup, call and teardown, summed
 _CPU_SECONDS: dict[str, float] = {}  # nodeid -> CPU seconds, its processes' included
 _METER = CpuMeter()
-_KINDS = KindSampler()
+_KINDS = KindSampler(groups=run_groups())  # before xdist starts its workers
+_STARTS = DriverStarts()
+_RUN_BEGAN = time.monotonic()
+# Opting out of the failure that a missing tool is: its tests are skipped and listed at the end.
+MISSING_TOOLS_VARIABLE = "KAPPA_TEST_MISSING_TOOLS"
+MISSING_TOOL = "missing tool: "  # how the reason of such a skip begins
+_SKIPPED_FOR_A_TOOL: dict[str, str] = {}  # nodeid -> the reason
 
 
 @pytest.fixture(scope="session")
@@ -111,10 +130,13 @@ def with_settings(settings: object, **changes: object) -> object:
 
 
 def _hypothesis_profile() -> None:
+    from hypothesis import HealthCheck
     from hypothesis import settings as hsettings
 
-    # Shared 2-core machines: wall-clock deadlines would make pure tests flaky.
-    hsettings.register_profile("kappa", deadline=None)
+    # Shared 2-core machines: wall-clock deadlines, and the health check that data generation
+    # is too slow, would make pure tests fail by chance under load (test_columnar did, once).
+    hsettings.register_profile("kappa", deadline=None,
+                               suppress_health_check=[HealthCheck.too_slow])
     hsettings.load_profile("kappa")
 
 
@@ -140,19 +162,34 @@ def service(settings: object) -> Iterator[object]:
                 launcher.terminate(st.pid, None, grace_s=2)
 
 
+def missing_tool(why: str) -> NoReturn:
+    """A test that cannot run here for want of a tool (or of root): a failure, so that the
+    README's command never passes without the tests, unless the run opts out with
+    KAPPA_TEST_MISSING_TOOLS=skip, whose skips are listed at the end of the run."""
+    if os.environ.get(MISSING_TOOLS_VARIABLE) == "skip":
+        pytest.skip(MISSING_TOOL + why)
+    pytest.fail(f"{why}; or run with {MISSING_TOOLS_VARIABLE}=skip to skip the tests that need "
+                "it (they are listed at the end of the run)")
+
+
 def debian_tool(name: str, package: str) -> str:
-    """The path of a tool CI installs from Debian: a failure in CI where it is missing (a broken
-    set-up), a skip that says how to install it elsewhere."""
+    """The path of a tool that scripts/test.sh installs from Debian (see missing_tool)."""
     import shutil
 
     binary = shutil.which(name)
     if binary is None:
-        why = (f"{name} is not installed: `apt-get install {package}` (scripts/test.sh does it "
-               "when run as root)")
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+        missing_tool(f"{name} is not installed: `apt-get install {package}` (scripts/test.sh "
+                     "does it when run as root)")
     return binary
+
+
+def skipped_for_a_missing_tool(report: pytest.TestReport) -> str | None:
+    """The reason, when the report is of a test skipped by missing_tool."""
+    # (path, line, reason); a list where xdist's serialization made one
+    if not report.skipped or not isinstance(report.longrepr, (tuple, list)):
+        return None
+    reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+    return reason if reason.startswith(MISSING_TOOL) else None
 
 
 def wait_until(condition: object, timeout_s: float, what: str, poll_s: float = 0.5) -> object:
@@ -219,7 +256,8 @@ _LONGEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)  # after xdist's own, which this repairs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         for n, prefix in enumerate(_LONGEST_FIRST):
             if prefix in item.nodeid:
@@ -227,10 +265,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(_LONGEST_FIRST) + (0 if "integration/" in item.nodeid else 1)
 
     items.sort(key=rank)  # stable: the order within a file stays
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):
+        _name_xdist_groups(items)
+
+
+def _name_xdist_groups(items: list[pytest.Item]) -> None:
+    """--dist loadgroup finds a test's xdist_group in a suffix of its node id, which
+    pytest-xdist 3.8 writes to a field that pytest 9.2 no longer reads: the groups are
+    silently ignored (pytest-dev/pytest-xdist#1386). Written here to the field pytest reads."""
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        structured = getattr(item, "_id", None)
+        if names and structured is not None and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = type(structured).parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     _METER.join()  # in each xdist worker too: its tests' processes inherit its group
+    _STARTS.open()  # before xdist starts its workers, which inherit the directory
     if not hasattr(config, "workerinput") and _KINDS.available():
         _KINDS.start()  # the controller looks at every worker's group
 
@@ -238,6 +291,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _METER.started(item)
+    _STARTS.started(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -246,12 +300,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     report = yield
     if call.when == "teardown":
         _METER.finished(item, report)
+        _STARTS.finished()
     return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    module = report.nodeid.split("::")[0]
-    _SECONDS_PER_MODULE[module] = _SECONDS_PER_MODULE.get(module, 0.0) + report.duration
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+    reason = skipped_for_a_missing_tool(report)
+    if reason is not None:
+        _SKIPPED_FOR_A_TOOL[report.nodeid] = reason
     if report.when == "teardown":
         for name, value in report.user_properties:
             if name == "broker_storage":
@@ -260,25 +317,36 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                 _CPU_SECONDS[report.nodeid] = float(value)
 
 
-def pytest_terminal_summary(terminalreporter: object) -> None:
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int) -> None:
+    if hasattr(terminalreporter.config, "workerinput"):  # type: ignore[attr-defined]
+        return  # the controller sums every worker's figures
     write = terminalreporter.write_line  # type: ignore[attr-defined]
-    # CI's wall time is about the workers' summed time over their number (#19): where it goes.
-    terminalreporter.section("test seconds per module")  # type: ignore[attr-defined]
-    for module, seconds in sorted(_SECONDS_PER_MODULE.items(), key=lambda kv: -kv[1])[:25]:
-        write(f"{seconds:8.1f}  {module}")
-    write(f"{sum(_SECONDS_PER_MODULE.values()):8.1f}  in all")
-    if _CPU_SECONDS:
-        # What CI's time follows once both cores are busy (tests/cpu_accounting.py).
-        terminalreporter.section(  # type: ignore[attr-defined]
-            "CPU seconds per module, with the processes its tests started")
-        for line in summary_lines(_CPU_SECONDS, 25):
-            write(line)
+    section = terminalreporter.section  # type: ignore[attr-defined]
+    kinds = None
     if _KINDS.is_alive():
         _KINDS.stop()
-        terminalreporter.section(  # type: ignore[attr-defined]
-            "CPU seconds by kind of process, the whole run (tests/cpu_kinds.py)")
+        kinds = _KINDS.totals()
+        section("CPU seconds by kind of process, the whole run (tests/cpu_kinds.py)")
         for line in _KINDS.summary_lines():
             write(line)
+    # What a change costs: CI's time follows the CPU once both cores are busy (#19, #59).
+    figures = run_figures(wall_s=time.monotonic() - _RUN_BEGAN, seconds=_SECONDS,
+                          cpu=_CPU_SECONDS, starts=_STARTS.counts(_SECONDS), kinds=kinds,
+                          exit_status=int(exitstatus))
+    path = figures_path(ROOT)
+    write_figures(path, figures)
+    section("per module: the 10 with most CPU, with their processes' (tests/cpu_accounting.py)")
+    for line in slowest_modules_lines(figures, 10):
+        write(line)
+    if _CPU_SECONDS:
+        write("the tests with most CPU:")
+        for line in most_cpu_lines(_CPU_SECONDS, 10):
+            write(line)
+    write(f"every module's figures: {path}")
+    if _SKIPPED_FOR_A_TOOL:
+        section(f"skipped for a missing tool ({MISSING_TOOLS_VARIABLE}=skip)")
+        for nodeid, reason in sorted(_SKIPPED_FOR_A_TOOL.items()):
+            write(f"{nodeid}: {reason.removeprefix(MISSING_TOOL)}")
     if not _STORAGE_USED:
         return
     terminalreporter.section("broker storage per integration test")  # type: ignore[attr-defined]
@@ -294,6 +362,8 @@ def pytest_unconfigure(config: object) -> None:
     import logging
 
     _METER.leave()
+    if not hasattr(config, "workerinput"):
+        _STARTS.close()
     # Airflow's logging set-up leaves handlers on pytest's closed capture streams; the embedded
     # server's exit hook logs through them after the run. Nothing is lost: the run is over.
     logging.raiseExceptions = False

@@ -3,7 +3,8 @@ Airflow, the broker, PostgreSQL, the tests' own code (#24).
 
 tests/cpu_accounting.py says which tests cost most; this says what in them does, so that CI's
 time can be cut where it goes. The run's processes are those of the cpuacct groups that each
-pytest process joins (everything a test starts inherits its group). A thread of the controller
+pytest process of the run joins (everything a test starts inherits its group; another run's
+groups are left out). A thread of the controller
 looks at them every ``interval_s`` and keeps the last CPU time it saw of each process; what
 processes that lived between two looks used is the groups' total less what was seen, shown as
 such. Where the machine has no such groups, nothing is sampled or shown."""
@@ -70,9 +71,12 @@ def kind_of(command_line: str) -> str:
 
 
 class KindSampler(threading.Thread):
-    def __init__(self, interval_s: float = 2.0, cpuacct: Path = CPUACCT) -> None:
+    def __init__(self, interval_s: float = 2.0, cpuacct: Path = CPUACCT,
+                 groups: str = GROUP_PREFIX) -> None:
+        """``groups``: what the names of the groups to look at begin with (run_groups(): this
+        run's only, not another run's on the same machine)."""
         super().__init__(name="cpu-kinds", daemon=True)
-        self.interval_s, self.cpuacct = interval_s, cpuacct
+        self.interval_s, self.cpuacct, self.groups = interval_s, cpuacct, groups
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._groups: dict[str, float] = {}  # group name -> its usage when last seen
@@ -80,7 +84,7 @@ class KindSampler(threading.Thread):
         self._processes: dict[tuple[int, str], tuple[float, str]] = {}
 
     def available(self) -> bool:
-        return any(self.cpuacct.glob(f"{GROUP_PREFIX}*"))
+        return any(self.cpuacct.glob(f"{self.groups}*"))
 
     def run(self) -> None:
         while not self._stopping.wait(self.interval_s):
@@ -91,7 +95,7 @@ class KindSampler(threading.Thread):
         self.look()
 
     def look(self) -> None:
-        for group in self.cpuacct.glob(f"{GROUP_PREFIX}*"):
+        for group in self.cpuacct.glob(f"{self.groups}*"):
             with contextlib.suppress(OSError, ValueError):  # a worker's group, just removed
                 usage = int((group / "cpuacct.usage").read_text()) / 1e9
                 pids = (group / "cgroup.procs").read_text().split()

@@ -12,13 +12,14 @@ not list; and a panel's queries and options, which the schema leaves to each plu
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conftest import missing_tool
 
 pytestmark = [pytest.mark.integration]
 NODE_MODULES = Path(sys.prefix) / "node" / "node_modules"
@@ -50,11 +51,8 @@ export default dashboard;
 
 def _tools() -> None:
     if not TSC.exists() or not (SCHEMA / "types.gen.d.ts").exists():
-        why = ("@grafana/schema and TypeScript are not installed beside the venv: run `bash "
-               "scripts/setup.sh dev`")
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+        missing_tool("@grafana/schema and TypeScript (tsc) are not installed beside the venv: "
+                     "run `bash scripts/setup.sh dev` (it needs npm)")
 
 
 def _write(path: Path, model: dict[str, Any]) -> Path:

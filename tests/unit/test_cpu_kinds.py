@@ -73,3 +73,7 @@ def test_the_sampler_adds_what_it_saw_and_what_lived_between_looks(tmp_path: Pat
 
 def test_no_groups_no_sampling(tmp_path: Path) -> None:
     assert not KindSampler(cpuacct=tmp_path).available()
+    # Another run's group (a run of another checkout on the machine): not this run's CPU.
+    (tmp_path / "kappa-tests-999-1000").mkdir()
+    assert not KindSampler(cpuacct=tmp_path, groups="kappa-tests-998-").available()
+    assert KindSampler(cpuacct=tmp_path, groups="kappa-tests-999-").available()

@@ -1,5 +1,6 @@
 """Whether a driver's process still runs, and stopping its whole process group: used by the
-launcher and by the warm spares (which must not import the launcher, which adopts them)."""
+launcher and by the warm spares (which must not import the launcher, which adopts them). Also
+where each driver start is noted for whoever counts them (the test suite's figures)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,23 @@ import signal
 import time
 
 import psutil
+
+# A file to which each driver start appends a line naming its kind: "cold" (a driver process
+# started for a version), "spare" (a warm spare's JVM) or "adopted" (a version handed to a warm
+# spare, which starts no JVM). tests/cpu_accounting.py counts them per test.
+START_LOG_VARIABLE = "KAPPA_DRIVER_START_LOG"
+
+
+def note_start(kind: str) -> None:
+    path = os.environ.get(START_LOG_VARIABLE)
+    if not path:
+        return
+    with contextlib.suppress(OSError):  # a count, never a reason for a start to fail
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{kind}\n".encode())  # one write with O_APPEND: lines never mix
+        finally:
+            os.close(fd)
 
 
 def is_alive(pid: int | None, started: float | None) -> bool:

@@ -17,7 +17,7 @@ from orchestrator.models import RunRecord
 from orchestrator.process import spawn_detached
 from orchestrator.settings import Settings
 from orchestrator.spark.launch import cds, spares
-from orchestrator.spark.launch.driver_process import is_alive, terminate
+from orchestrator.spark.launch.driver_process import is_alive, note_start, terminate
 
 logger = logging.getLogger("kappa.launcher")
 # What a task runner sets for its own process; a driver outlives the task, so neither its events
@@ -55,6 +55,7 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
         adopted = None
     if adopted is not None:
         pid, started = adopted
+        note_start("adopted")
         # The spare taken is replaced. Spares are kept for settings that someone keeps them for
         # (`kappa dev up`, `kappa agent`): a deploy of other settings starts none.
         try:
@@ -62,6 +63,7 @@ def launch(settings: Settings, job: str, version: str, attempt: int) -> DriverPr
         except OSError as exc:
             logger.warning("could not start a warm spare driver (%s)", exc)
     else:
+        note_start("cold")
         pid = spawn_detached(
             [sys.executable, "-m", "orchestrator.spark.driver", "--job", job, "--version",
              version, "--attempt", str(attempt), "--log", str(log_path)], env, log_path)

@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.logfile import RotatingLog
 from orchestrator.settings import load_settings
+from orchestrator.spark.launch.driver_process import note_start
 from orchestrator.spark.launch.spares import forget
 
 log = logging.getLogger("kappa.spare")
@@ -81,6 +82,7 @@ def _warm_session(settings: Any) -> Any:
     from orchestrator.spark.read.source import KafkaLogSource
     from orchestrator.spark.session import build_session
 
+    note_start("spare")
     spark = build_session(settings, "kappa-spare")
     spark.dataSource.register(KafkaLogSource)
     warm_up(spark, parquet=_archive_decoded(settings))
