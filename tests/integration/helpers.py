@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -76,6 +77,21 @@ def assert_batches_tile_the_log(settings: Any, job: str, version: str, topic: st
     return rows
 
 
+def reap(*procs: subprocess.Popen[Any]) -> None:
+    """Kill each of ``procs`` that still runs, wait for it and close its pipes. For the
+    ``finally`` of a test that starts a process: a Popen dropped while its child runs, or with
+    a pipe open, warns (ResourceWarning) only when the garbage collector finds it, which may be
+    in a later test on the worker, and that test fails for it."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with suppress(OSError):  # a write still buffered for a child that is gone
+                    stream.close()
+
+
 def stop_drivers(service: Any) -> None:
     """Stop every driver the service's catalog shows running (a test's clean-up)."""
     from orchestrator.spark.launch import launcher
@@ -121,3 +137,21 @@ def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
         finally:
             dev_stack.down(state)
             shutil.rmtree(state, ignore_errors=True)
+
+
+SEED_ENV = "KAPPA_TEST_SEED"
+
+
+def test_seed(name: str) -> int:
+    """The seed of a test's random choices (kill moments): ``KAPPA_TEST_SEED`` when set, to
+    replay a failure, else a fresh one. Printed, so that pytest shows it for a failing test."""
+    import os
+    import random
+
+    given = os.environ.get(SEED_ENV)
+    seed = int(given) if given else random.randrange(1 << 30)
+    print(f"{name}: {SEED_ENV}={seed}")
+    return seed
+
+
+test_seed.__test__ = False  # type: ignore[attr-defined]  # a helper that pytest must not collect

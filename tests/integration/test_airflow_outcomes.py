@@ -74,6 +74,11 @@ def test_reprocess_with_a_bandit_conf_defers_between_looks_and_promotes(
         taken = [(look["look"], look["at"]) for look in found["looks"]]
         assert deferrals >= len(taken) - 1 >= 1, (deferrals, taken)
         assert found["status"] == "succeeded" and found["verdict"] == "promote", found
+        # Promoted on its evidence, before the deadline: a promote at --max-duration (the
+        # policy's default, "at the deadline: every metric non-inferior ...") would pass the
+        # verdict too.
+        assert found["looks"][-1]["reason"] == "converts better than the baseline", taken
+        assert (found["looks"][-1]["at"] - found["looks"][0]["at"]).total_seconds() < 600
         assert found["design"]["strategy"] == "bandit" and found["design"]["look_seconds"] == 2
         history = service.history(JOB)
         v2_steps = [(h["action"], h["percent"]) for h in history if h["to"] == "v2"]
