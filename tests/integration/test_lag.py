@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,31 @@ from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
+# The rates a lag reading shows are rounded to 0.1 record/s, its ETA to 0.1 s (plus a hair
+# for the float arithmetic of the bounds).
+RATE_ROUNDING, ETA_ROUNDING = 0.05 + 1e-9, 0.05 + 1e-9
+
+
+def _assert_eta_follows_the_rates(lag: Any) -> None:
+    """The ETA is the records behind over what processing gains on producing
+    (orchestrator.lag.eta_seconds), 0 at the log end, None when not converging; read off the
+    rounded rates that ``lag`` (a VersionLag, or its JSON) shows."""
+    records, eta = _field(lag, "lag_records"), _field(lag, "eta_seconds")
+    net = _field(lag, "processing_rate") - _field(lag, "produce_rate")
+    slack = 2 * RATE_ROUNDING
+    if records == 0:
+        assert eta == 0.0, lag
+    elif eta is None:
+        assert net - slack <= 0, f"not converging at a net rate of {net}: {lag}"
+    else:
+        assert net + slack > 0, f"an ETA at a net rate of {net}: {lag}"
+        low = records / (net + slack) - ETA_ROUNDING
+        high = records / (net - slack) + ETA_ROUNDING if net - slack > 0 else math.inf
+        assert low <= eta <= high, f"{records} behind at {net}/s implies {low}..{high}: {lag}"
+
+
+def _field(lag: Any, name: str) -> Any:
+    return lag[name] if isinstance(lag, dict) else getattr(lag, name)
 
 
 def test_lag_equals_log_end_minus_processed_everywhere_at_rest(service, settings, topic,
@@ -51,6 +78,7 @@ def test_lag_equals_log_end_minus_processed_everywhere_at_rest(service, settings
     assert {p["partition"]: p["log_end"] for p in row["partitions"]} == ref.log_end
     assert row["lag_records"] == 3_000 and row["state"] == "stopped"
     assert row["lag_seconds"] > 0 and row["eta_seconds"] is None  # stopped: not converging
+    _assert_eta_follows_the_rates(row)
     for key in ("job", "version", "state", "lag_records", "lag_seconds", "processing_rate",
                 "produce_rate", "eta_seconds", "partitions"):
         assert key in row
@@ -79,6 +107,7 @@ def test_lag_equals_log_end_minus_processed_everywhere_at_rest(service, settings
     (after,) = service.lag(JOB, "v1")
     assert after.lag_records == 0 and after.lag_seconds == 0.0 and after.eta_seconds == 0.0
     assert after.state == "caught_up"
+    _assert_eta_follows_the_rates(after)
 
 
 def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path) -> None:
@@ -89,25 +118,39 @@ def test_paused_driver_is_stalled_then_recovers(settings, topic, tmp_path: Path)
     limits = Thresholds(window_s=3.0)
     service.produce_sample(topic, 300_000, seed=61)
     service.deploy(job_file(tmp_path, "v2", topic))
+    readings = []
     try:
+        def gaining() -> bool:
+            # A reading gaining on the log is one whose ETA says how long is left.
+            return any(r.lag_records and r.processing_rate > r.produce_rate for r in readings)
+
         def progressed() -> object:
+            if not gaining():  # one is enough: a lag read costs more than a status read
+                readings.extend(service.lag(JOB, "v2", limits))
             st = service.version_status(JOB, "v2")
             done = sum(o for ps in st.processed_offsets.values() for o in ps.values())
-            return st if done >= 30_000 else None
+            return st if done >= 30_000 and gaining() else None
 
         st = wait_until(progressed, 240, "the replay to make progress", poll_s=0.25)
         os.kill(st.pid, signal.SIGSTOP)
         try:
-            wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stalled", 3 * 3.0 + 5,
+            # However long the machine takes to see it: the paused driver stays stalled.
+            wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stalled", 180,
                        "the paused driver to be reported stalled", poll_s=0.5)
         finally:
             os.kill(st.pid, signal.SIGCONT)
-        wait_until(lambda: service.lag(JOB, "v2", limits)[0].state in ("catching_up",
-                                                                          "caught_up"),
-                   60, "the driver to recover", poll_s=0.5)
+
+        def recovered() -> object:
+            (lag,) = service.lag(JOB, "v2", limits)
+            readings.append(lag)
+            return lag.state in ("catching_up", "caught_up")
+
+        wait_until(recovered, 180, "the driver to recover", poll_s=0.5)
         os.killpg(st.pid, signal.SIGKILL)
-        wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stopped", 30,
+        wait_until(lambda: service.lag(JOB, "v2", limits)[0].state == "stopped", 120,
                    "the killed driver to be reported stopped", poll_s=0.5)
+        for lag in readings:
+            _assert_eta_follows_the_rates(lag)
         kinds = [e["detail"].get("to") for e in service.events(JOB, "v2")
                  if e["kind"] == "lag_state"]
         assert "stalled" in kinds and "stopped" in kinds  # transitions are in the event log
@@ -182,7 +225,7 @@ def test_producer_faster_than_the_job_is_falling_behind(settings, topic, tmp_pat
         # than the producer's start (1 s for clocks read in two processes).
         assert last.lag_seconds is not None and last.lag_seconds > 0
         for at, lag in seen:
-            assert lag.eta_seconds is None or lag.eta_seconds >= 0
+            _assert_eta_follows_the_rates(lag)
             assert lag.lag_seconds is not None, lag
             assert 0 <= lag.lag_seconds <= at - producing_since + 1.0, (lag, at)
             assert all(p.lag_seconds is not None and 0 <= p.lag_seconds <= lag.lag_seconds

@@ -98,15 +98,20 @@ def test_a_sasl_run_is_exact_and_the_password_appears_nowhere(
 
     secured = _over_sasl(settings, sasl)
     seen: list[str] = []  # everything the run printed, served or launched
+    driver_lines: list[str] = []  # the command lines of this test's own driver's processes
     seen.append(_cli(secured, "produce-sample", "--topic", topic, "--count", "20000"))
     try:
         with agent(secured, tmp_path) as target:
             seen.append(_cli(secured, "deploy", str(job_file(tmp_path, "v1", topic))))
 
             def command_lines() -> bool:
-                for proc in psutil.process_iter(["cmdline"]):
-                    seen.append(" ".join(proc.info["cmdline"] or []))
                 status = json.loads(_cli(secured, "status", "--json"))
+                if status and status[0]["pid"]:
+                    own = _process_group_command_lines(status[0]["pid"])
+                    driver_lines.extend(own)
+                    seen.extend(own)
+                for proc in psutil.process_iter(["cmdline"]):  # and every other process
+                    seen.append(" ".join(proc.info["cmdline"] or []))
                 return bool(status) and status[0]["state"] == "live"
 
             wait_until(command_lines, 240, "v1 to catch up over SASL", poll_s=1.0)
@@ -133,10 +138,28 @@ def test_a_sasl_run_is_exact_and_the_password_appears_nowhere(
     assert ref.records == 20_000
     assert output(secured, f"{JOB}__v1") == ref.v1
     assert dead_letters(secured, f"{JOB}__v1__dead_letters") == ref.invalid_offsets
-    assert any("pyspark-shell" in line or "SparkSubmit" in line for line in seen)  # the JVM
+    # Its own JVM was seen: other tests' drivers on the machine do not count.
+    assert any("SparkSubmit" in line and "pyspark-shell" in line for line in driver_lines), \
+        driver_lines
+    assert not [line for line in driver_lines if sasl.password in line], "the driver's argv"
     assert any("kappa_lag_records{" in text for text in seen)
     leaks = [text[:200] for text in seen if sasl.password in text]
     assert not leaks, leaks
+
+
+def _process_group_command_lines(leader: int) -> list[str]:
+    """The command lines of the processes in ``leader``'s process group: a driver starts in a
+    session of its own, and its JVM and Python workers stay in its group."""
+    import os
+
+    lines = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getpgid(proc.pid) == leader:
+                lines.append(" ".join(proc.info["cmdline"] or []))
+        except ProcessLookupError:
+            continue
+    return lines
 
 
 def test_a_wrong_password_is_refused_at_deploy_naming_the_setting(

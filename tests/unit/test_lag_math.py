@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,15 +16,27 @@ def _series(points: list[tuple[int, int]], lag_s: float = 60.0, step: float = 2.
 
 
 @given(st.integers(0, 10**9), st.floats(0, 1e7), st.floats(0, 1e7))
-def test_eta_is_never_negative_and_none_when_not_converging(lag: int, proc: float, prod: float
-                                                           ) -> None:
+def test_eta_is_the_lag_over_the_net_rate_and_none_when_not_converging(
+        lag: int, proc: float, prod: float) -> None:
     eta = eta_seconds(lag, proc, prod)
     if lag == 0:
         assert eta == 0.0
     elif proc <= prod:
         assert eta is None
     else:
-        assert eta is not None and eta >= 0
+        # The records behind, drained at what processing gains on producing.
+        assert eta == pytest.approx(lag / (proc - prod), rel=1e-9)
+
+
+def test_eta_of_a_series_follows_its_rates() -> None:
+    # 200 records processed and 40 produced every 2 s: 80 records/s gained on the log; the
+    # last sample is 2,280 - 1,400 = 880 behind, so 11 s to go.
+    series = _series([(i * 200, 2_000 + i * 40) for i in range(8)])
+    processing, produce = rates(series)
+    assert (processing, produce) == (100.0, 20.0)
+    assert series[-1].lag_records == 880
+    assert eta_seconds(series[-1].lag_records, processing, produce) == 11.0
+    assert eta_seconds(880, 20.0, 100.0) is None  # the same gap, widening
 
 
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=0, max_size=20))
