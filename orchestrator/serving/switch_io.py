@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from orchestrator.catalog import versions
 from orchestrator.catalog.db import qualified
+from orchestrator.failpoints import fail_point
 from orchestrator.models import DeployedVersion
 from orchestrator.routing import Routing
 from orchestrator.serving.switch_gates import SwitchFacts, Validation, VersionFacts
@@ -174,5 +175,8 @@ def write(conn: psycopg.Connection, schema: str, *, job: str, actor: str, action
             "to_version": target, "history_percent": after.percent if action == "ab" else 100,
             "reason": reason, "forced": forced, "lag": Jsonb(lag), "abandon": abandon,
             "version": version, "kind": f"alias_{action}", "detail": Jsonb(detail)})
+        # The write is sent (a pipeline sends each statement as it is queued) and runs in the
+        # server: every lock the switch takes is held here until the COMMIT.
+        fail_point("switch.before_commit")
         conn.execute("COMMIT")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import kappa_cli, wait_until
+from integration.helpers import reap
 
 pytestmark = [pytest.mark.integration]
 
@@ -187,8 +188,8 @@ def test_verify_reads_back_and_a_damaged_or_missing_segment_stops_with_one_line(
     assert second.path.rsplit("/", 1)[-1] in line
 
 
-def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, topic: str
-                                                                     ) -> None:
+def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, topic: str,
+                                                                     tmp_path: Path) -> None:
     """`kappa archive run` while the agent archives: each partition is written by one of them
     at a time, both write, and the manifest tiles every partition with the log's records."""
     import os
@@ -196,19 +197,37 @@ def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, to
     import subprocess
     import sys
 
+    from orchestrator import failpoints
     from orchestrator.service import Orchestrator
 
     settings = replace(settings, archive_segment_records=500)
     Orchestrator(settings).produce_sample(topic, 20_000, seed=137)
-    # 50 ms before each of its 40 segments is recorded: a run takes seconds, so the second one
-    # starts while the first holds a partition.
+    # Each run holds its first segment's partition, its file in place, until both are there:
+    # the second run has found the first's partition taken and written another one, however
+    # late it started (a fixed time per segment let a loaded machine start it after the first
+    # had written them all).
+    release = tmp_path / "release"
+    release.mkdir()
     env = dict(os.environ, **settings.driver_environment(),
-               KAPPA_FAIL_POINTS="archive.before_record=sleep(50)")
+               KAPPA_FAIL_POINTS="archive.before_record=1*pause",
+               KAPPA_FAIL_POINTS_RELEASE=str(release))
     kappa = str(Path(sys.executable).with_name("kappa"))
-    runs = [subprocess.Popen([kappa, "archive", "run", "--once", topic], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
-    outputs = [run.communicate(timeout=300) for run in runs]
+    root = settings.state_dir / "archive"
+    runs: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(2):
+            runs.append(subprocess.Popen([kappa, "archive", "run", "--once", topic], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True))
+        try:
+            wait_until(lambda: len(list(root.rglob("*.parquet"))) >= 2
+                       or any(run.poll() is not None for run in runs), 300,
+                       "each archiver to hold a segment of its own before recording it")
+        finally:
+            failpoints.release(release, "archive.before_record")
+        outputs = [run.communicate(timeout=300) for run in runs]
+    finally:
+        reap(*runs)  # the other one too, when one's communicate timed out
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
     wrote = [set(re.findall(r"^archived \S+/(\d+) \[(\d+), ", out, re.M))
              for out, _ in outputs]
@@ -299,14 +318,18 @@ def test_five_sigkills_mid_segment_leave_no_half_segment_hole_or_overlap(setting
         with open(errors, "w") as sink:
             proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.1", topic],
                                     env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True)
-        # Held at the point, not passing through an ordinary segment's own window (a file under
-        # its temporary name, or in place before its record), which a loaded machine's poll can
-        # see and the archiver leave before the kill lands (CI: "it did not land mid-segment").
-        wait_until(lambda said=f"fail point {point}: sleeping", at=errors:
-                   said in at.read_text() and left_behind(), 120,
-                   f"archiver run {kill + 1} to hang mid-segment ({held})", poll_s=0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        try:
+            # Held at the point, not passing through an ordinary segment's own window (a file
+            # under its temporary name, or in place before its record), which a loaded
+            # machine's poll can see and the archiver leave before the kill lands (CI: "it did
+            # not land mid-segment").
+            wait_until(lambda said=f"fail point {point}: sleeping", at=errors:
+                       said in at.read_text() and left_behind(), 120,
+                       f"archiver run {kill + 1} to hang mid-segment ({held})", poll_s=0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            reap(proc)
         err = errors.read_text()
         assert "Traceback" not in err
         assert left_behind(), "the kill left nothing behind: it did not land mid-segment"

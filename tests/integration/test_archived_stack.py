@@ -29,12 +29,16 @@ RETRIED = "retried"  # written by a producer that retries through a broker's cra
 
 
 def _cli(state_dir: Path, *args: str, fail_points: str | None = None,
-         traceback_ok: bool = False) -> subprocess.CompletedProcess[str]:
+         release: Path | None = None, traceback_ok: bool = False
+         ) -> subprocess.CompletedProcess[str]:
+    """``release``: the directory where a test releases the fail points it set to pause."""
     exe = Path(sys.executable).with_name("kappa")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
     env.update({"KAPPA_SPARK_DRIVER_MEMORY": "768m", "KAPPA_HEARTBEAT_INTERVAL_S": "1"})
     if fail_points:
         env["KAPPA_FAIL_POINTS"] = fail_points
+    if release is not None:
+        env["KAPPA_FAIL_POINTS_RELEASE"] = str(release)
     done = subprocess.run([str(exe), "--state-dir", str(state_dir), *args], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert traceback_ok or "Traceback" not in done.stderr + done.stdout, done.stderr
@@ -125,7 +129,7 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         path = job_file(tmp_path, "v1", TOPIC)
         _ok(state, "deploy", str(path), "--wait", "--timeout", "300")
         assert json.loads(_ok(state, "status", "--json"))[0]["pid"] == spare
-        wait_until(lambda: _archived(state), 60, "the stack's archiver to reach the log end")
+        _wait_archived(state, "the stack's archiver to reach the log end")
         before = read_records(bootstrap, TOPIC)
 
         # A crash of the broker: `kappa dev up` starts another and restores the log into it;
@@ -144,7 +148,7 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         _ok(state, "produce-sample", "--topic", TOPIC, "--count", "400", "--seed", "153")
         assert "restored pageviews" not in _ok(state, "dev", "up")
         assert _pid(state, "broker") == broker
-        wait_until(lambda: _archived(state), 60, "the new archiver to catch up")
+        _wait_archived(state, "the new archiver to catch up")
         _ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
         assert _exact(state), "v1's output after the broker's crash differs from the log's"
         v1 = next(v for v in json.loads(_ok(state, "status", "--json"))
@@ -205,29 +209,37 @@ class _Writer:
         self.bootstrap, self.records, self.topic = bootstrap, records, topic
         self.reconnect_max_ms = reconnect_max_ms
         self.acked: dict[tuple[int, int], bytes | None] = {}
-        # (when heard, partition, offset, value): a log restored under the producer may take
-        # new records at the offsets of lost ones.
-        self.heard: list[tuple[float, int, int, bytes | None]] = []
+        # (partition, offset, value) in the order heard: a log restored under the producer may
+        # take new records at the offsets of lost ones.
+        self.heard: list[tuple[int, int, bytes | None]] = []
+        # (when, how many acknowledgements had been heard) each time librdkafka said that all
+        # its brokers were down.
+        self.all_down: list[tuple[float, int]] = []
         self.refused = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaError, Producer
 
         # Batches of 100 ms, as an application's producer fills them: Tansu's memory storage
         # lists every batch of a partition at each Fetch, and 5 ms batches (about 400 a second
         # from two writers) slowed its Fetches past the archiver's 10 s as the logs grew, so
         # that a topic's first pass never came (CI, twice: no record of RETRIED archived).
+        def error(err: Any) -> None:
+            if err.code() == KafkaError._ALL_BROKERS_DOWN:
+                self.all_down.append((time.monotonic(), len(self.heard)))
+
         producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 100,
                              "message.timeout.ms": 5000,
-                             "reconnect.backoff.max.ms": self.reconnect_max_ms})
+                             "reconnect.backoff.max.ms": self.reconnect_max_ms,
+                             "error_cb": error})
 
         def delivered(err: Any, msg: Any) -> None:
             if err is None:
                 self.acked[(msg.partition(), msg.offset())] = msg.value()
-                self.heard.append((time.monotonic(), msg.partition(), msg.offset(), msg.value()))
+                self.heard.append((msg.partition(), msg.offset(), msg.value()))
             else:
                 self.refused += 1
 
@@ -247,6 +259,14 @@ class _Writer:
     def more(self, count: int, what: str) -> None:
         floor = len(self.acked)
         wait_until(lambda: len(self.acked) >= floor + count, 60, what)
+
+    def went_down(self, since: float) -> int | None:
+        """How many acknowledgements had been heard when librdkafka first said, after
+        ``since``, that all its brokers were down; None before it did. It queues that event
+        behind the delivery reports of the connection whose end it reports, and both are
+        served in order by one poll: every acknowledgement of the brokers it had is heard by
+        then."""
+        return next((heard for at, heard in self.all_down if at >= since), None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -313,9 +333,16 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
                        for p, o in v1["processed_offsets"].get(TOPIC, {}).items())
 
         wait_until(read_past_the_archive, 120, "v1 to read records only the broker holds")
+        before_kill = time.monotonic()
         _kill(_pid(state, "broker"))
-        killed_at = time.monotonic()
         writer.stop()
+        # The new broker starts only after the retrying producer has heard all the lost one
+        # acknowledged, so that its acknowledgements split exactly into the lost broker's and
+        # the new one's, however late a loaded machine lets it hear them.
+        wait_until(lambda: retrier.went_down(before_kill) is not None, 120,
+                   "the retrying producer to hear that its broker is gone")
+        heard_from_the_lost_broker = retrier.went_down(before_kill)
+        assert heard_from_the_lost_broker is not None
         before_up = {(r["partition"]): r["archived_end"] for r in json.loads(
             _ok(state, "archive", "status", TOPIC, "--json"))}
         v1 = next(v for v in json.loads(_ok(state, "status", "--json")) if v["version"] == "v1")
@@ -326,7 +353,7 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         report = json.loads(up.stdout)["restore"]
         retrier.more(300, "the retrying producer to write once the restore is done")
         retrier.stop()
-        _check_retried(bootstrap, retrier, killed_at, report)
+        _check_retried(bootstrap, retrier, heard_from_the_lost_broker, report)
         restored = read_records(bootstrap, TOPIC)
         ends: dict[int, int] = {}
         for p, o, _, _, _ in restored:
@@ -375,18 +402,18 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         _tear_down(state)
 
 
-def _check_retried(bootstrap: str, retrier: _Writer, killed_at: float,
+def _check_retried(bootstrap: str, retrier: _Writer, from_the_lost_broker: int,
                    report: dict[str, Any]) -> None:
-    """What the lost broker acknowledged is back at its offset or in a LOST range; what the
-    new broker acknowledged, after the restore, is in the log."""
+    """What the lost broker acknowledged (the first ``from_the_lost_broker`` acknowledgements
+    heard) is back at its offset or in a LOST range; what the new broker acknowledged, after
+    the restore, is in the log."""
     from reference import read_records
 
     log = {(p, o): v for p, o, _, _, v in read_records(bootstrap, RETRIED)}
     lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in report["lost"]
             if r["topic"] == RETRIED}
-    # The new broker acknowledges nothing before its restore's three seconds have passed.
-    old = [(p, o, v) for at, p, o, v in retrier.heard if at < killed_at + 1.0]
-    new = [(p, o, v) for at, p, o, v in retrier.heard if at >= killed_at + 1.0]
+    old = retrier.heard[:from_the_lost_broker]
+    new = retrier.heard[from_the_lost_broker:]
     lost_unreported = [(p, o) for p, o, v in old if log.get((p, o)) != v
                        and not lost.get(p, (0, 0))[0] <= o < lost.get(p, (0, 0))[1]]
     assert old and new, (len(old), len(new))
@@ -414,15 +441,17 @@ def test_what_the_broker_acknowledged_while_a_pass_hangs_is_reported_when_it_is_
     try:
         _ok(state, "dev", "up")
         _ok(state, "produce-sample", "--topic", TOPIC, "--count", "2000", "--seed", "171")
-        wait_until(lambda: _archived(state), 60, "the stack's archiver to reach the log end")
+        _wait_archived(state, "the stack's archiver to reach the log end")
         _kill(_pid(state, "archiver"))
-        started = _cli(state, "dev", "up", fail_points="archive.before_record=sleep(600000)")
+        # Held until the archiver is killed: never released.
+        started = _cli(state, "dev", "up", fail_points="archive.before_record=pause",
+                       release=tmp_path)
         assert started.returncode == 0, started.stderr
         # A pass that notes these ends goes on to write their segment, and hangs there.
         _ok(state, "produce-sample", "--topic", TOPIC, "--count", "10", "--seed", "172")
-        wait_until(noted, 30, "the new archiver's pass to note the log ends")
+        wait_until(noted, 120, "the new archiver's pass to note the log ends")
         _ok(state, "produce-sample", "--topic", TOPIC, "--count", "1000", "--seed", "173")
-        found = wait_until(noted, 10, "the log ends to be noted while the pass hangs")
+        found = wait_until(noted, 120, "the log ends to be noted while the pass hangs")
         assert isinstance(found, list)
         at_risk = {r["partition"]: (r["archived_end"], r["log_end"]) for r in found
                    if r["log_end"] > r["archived_end"]}

@@ -60,14 +60,18 @@ def test_promote_is_refused_when_behind_or_validated_before_a_restart(
         refused = kappa_cli(settings, "promote", JOB, "v2")
         assert refused.returncode == 1
         assert "validation predates the latest deploy or restart of v2" in refused.stderr
-        service.wait(JOB, "v1", timeout_s=60)
+        service.wait(JOB, "v1", timeout_s=240)
         assert service.diff(JOB, "v1", "v2").passed
         assert service.promote(JOB, "v2")["primary"] == "v2"
         (last,) = service.history(JOB)[-1:]
         assert (last["action"], last["to"]) == ("promote", "v2") and not last["forced"]
 
         # The broker unreachable: switches judge by the fresh samples, and never wait for it.
-        offline = Orchestrator(replace(settings, kafka_bootstrap="127.0.0.1:9"))
+        # The samples stay fresh for as long as this part takes: with the default 15 s, a loaded
+        # machine could spend their age on the unreachable address's timeouts (`stale` below)
+        # before the last switch, which would then ask the broker after all.
+        offline = Orchestrator(replace(settings, kafka_bootstrap="127.0.0.1:9",
+                                       lag_sample_max_age_s=3600.0))
         stale = Orchestrator(replace(offline.settings, lag_sample_max_age_s=0))
         service.lag(JOB)
         assert offline.rollback(JOB, reason="broker away")["primary"] == "v1"
