@@ -48,12 +48,14 @@ PAUSE_LIMIT_S = 900.0
 POINTS = (
     "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
     "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
+    "batch.start",  # a micro-batch reached the sink: none of it is read (by any path) or committed
     "driver.measure_lag",  # the driver asks how far behind the log end it is
     "driver.going_live",  # caught_up is recorded, not yet committed; live is next
     "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
     "source.read",  # a read task (on an executor) is about to read its offset range
     "cutover.after_decision",  # an outcome test's promote committed; its plan has not ended
     "switch.measure_lag",  # a switch asks the broker for a version's lag ("unreachable": no answer)
+    "switch.before_commit",  # a switch's write has run, its COMMIT is not sent: it holds its locks
     "archive.before_rename",  # a segment is written and synced under its temporary name
     "archive.before_record",  # a segment is in place; the manifest does not hold it yet
     "archive.topic",  # a continuous archive pass is about to write one topic's partitions

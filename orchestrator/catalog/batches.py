@@ -75,10 +75,11 @@ def prune(conn: psycopg.Connection, catalog_schema: str, version_id: int, keep: 
         folded = conn.execute(sql.SQL(
             "WITH gone AS (DELETE FROM {b} WHERE version_id = %(v)s AND batch_id <= %(upto)s "
             "RETURNING *) INSERT INTO {s} AS cur (version_id, batches, first_batch_id, "
-            "last_batch_id, records, output_rows, dead_letters, gap_offsets, archived_offsets) "
+            "last_batch_id, records, output_rows, dead_letters, gap_offsets, archived_offsets, "
+            "decoded_offsets) "
             "SELECT %(v)s, count(*), min(batch_id), max(batch_id), sum(records), "
             "sum(output_rows), sum(dead_letters), coalesce(sum(gap_offsets), 0), "
-            "coalesce(sum(archived_offsets), 0) FROM gone "
+            "coalesce(sum(archived_offsets), 0), coalesce(sum(decoded_offsets), 0) FROM gone "
             "HAVING count(*) > 0 ON CONFLICT (version_id) DO UPDATE SET "
             "batches = cur.batches + EXCLUDED.batches, "
             "first_batch_id = least(cur.first_batch_id, EXCLUDED.first_batch_id), "
@@ -88,7 +89,8 @@ def prune(conn: psycopg.Connection, catalog_schema: str, version_id: int, keep: 
             "dead_letters = cur.dead_letters + EXCLUDED.dead_letters, "
             "gap_offsets = cur.gap_offsets + EXCLUDED.gap_offsets, "
             # Nothing was read from the archive before it was counted: null there means 0.
-            "archived_offsets = coalesce(cur.archived_offsets, 0) + EXCLUDED.archived_offsets "
+            "archived_offsets = coalesce(cur.archived_offsets, 0) + EXCLUDED.archived_offsets, "
+            "decoded_offsets = coalesce(cur.decoded_offsets, 0) + EXCLUDED.decoded_offsets "
             "RETURNING batches"
         ).format(b=batches, s=qualified(catalog_schema, "batch_summary")),
             {"v": version_id, "upto": row[0]}).rowcount
@@ -154,11 +156,11 @@ def apply_batch(
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (version_id, batch_id, attempt, start_offsets, end_offsets, "
-                "records, output_rows, dead_letters, gap_offsets, archived_offsets) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                "records, output_rows, dead_letters, gap_offsets, archived_offsets, "
+                "decoded_offsets) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             ).format(qualified(catalog_schema, "batches")),
             (version.id, batch_id, attempt, Jsonb(start), Jsonb(end), records, output_rows,
-             dead, reads.gaps, reads.archived),
+             dead, reads.gaps, reads.archived, reads.decoded),
         )
         _store_offsets(conn, catalog_schema, version.id, end)
     return BatchResult(True, records, output_rows, dead, reads.gaps or 0, reads.archived)

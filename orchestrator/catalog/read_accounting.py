@@ -27,6 +27,7 @@ log = logging.getLogger("kappa.batches")
 class Reads:
     gaps: int | None  # offsets that hold no record; None when no read task staged
     archived: int | None  # offsets read from the archive; None when no read task staged
+    decoded: int | None = None  # of those, read from decoded segments; None: not known
 
 
 Range = tuple[str, int, int, int]  # topic, partition, first offset, end (exclusive)
@@ -48,14 +49,15 @@ def count_reads(conn: psycopg.Connection, catalog_schema: str, version: Deployed
     """The batch's offsets that hold no record, and those read from the archive, from what
     its read tasks staged."""
     if not ranges:
-        return Reads(0, 0)
+        return Reads(0, 0, 0)
     values, params = _values(ranges)
     stage = qualified(catalog_schema, "read_stage")
     row = conn.execute(sql.SQL(
-        "SELECT sum(size), sum(size - records), sum(archived) FROM ("
+        "SELECT sum(size), sum(size - records), sum(archived), sum(decoded) FROM ("
         "SELECT DISTINCT ON (s.topic, s.partition, s.range_start) s.range_end - s.range_start "
         "AS size, s.records, coalesce(s.archived_offsets, CASE WHEN s.archived "
-        "THEN s.range_end - s.range_start ELSE 0 END) AS archived FROM {stage} s "
+        "THEN s.range_end - s.range_start ELSE 0 END) AS archived, "
+        "coalesce(s.decoded_offsets, 0) AS decoded FROM {stage} s "
         "JOIN (VALUES {values}) r(topic, partition, lo, hi) ON s.topic = r.topic "
         "AND s.partition = r.partition AND s.range_start >= r.lo AND s.range_end <= r.hi "
         "WHERE s.version_id = %s ORDER BY s.topic, s.partition, s.range_start) covered"
@@ -64,7 +66,7 @@ def count_reads(conn: psycopg.Connection, catalog_schema: str, version: Deployed
         "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
         "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
         "AND s.range_end <= r.hi").format(stage=stage, values=values), [*params, version.id])
-    covered, gaps, archived = (row or (None, None, None))
+    covered, gaps, archived, decoded = (row or (None, None, None, None))
     if covered is None:
         return Reads(None, None)
     if covered != records:
@@ -72,7 +74,7 @@ def count_reads(conn: psycopg.Connection, catalog_schema: str, version: Deployed
         # everything out): those offsets were not read, so they cannot be told apart.
         log.warning("%s %s batch %d: read tasks accounted for %d of its %d offsets", version.job,
                     version.version, batch_id, covered, records)
-    return Reads(int(gaps), int(archived or 0))
+    return Reads(int(gaps), int(archived or 0), int(decoded or 0))
 
 
 def move_dead_letters(conn: psycopg.Connection, catalog_schema: str, data_schema: str,

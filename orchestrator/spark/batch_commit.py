@@ -65,6 +65,7 @@ class BatchCommit:
         self.columns = (*spec.output_columns, DELETE_COLUMN)
 
     def __call__(self, df: Any, spark_batch_id: int) -> None:
+        fail_point("batch.start")
         ckpt = self.checkpoint
         end = ckpt.batch_end_offsets(spark_batch_id)
         if end is None:

@@ -102,13 +102,15 @@ def stage_dead_letters(catalog_schema: str, rows: Sequence[tuple[Any, ...]]) -> 
 
 
 def stage_read(catalog_schema: str, version_id: int, topic: str, partition: int, start: int,
-               end: int, records: int, *, archived_offsets: int = 0) -> None:
-    """Record what a read task found in [start, end), and how many of its offsets (from
-    ``start`` on) the archive served: the commit counts the rest as gaps."""
+               end: int, records: int, *, archived_offsets: int = 0,
+               decoded_offsets: int = 0) -> None:
+    """Record what a read task found in [start, end), how many of its offsets (from
+    ``start`` on) the archive served, and how many of those its decoded segments served: the
+    commit counts the offsets without a record as gaps."""
     conn = connection()
     conn.execute(sql.SQL("INSERT INTO {} (version_id, topic, partition, range_start, range_end, "
-                         "records, archived, archived_offsets) "
-                         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)")
+                         "records, archived, archived_offsets, decoded_offsets) "
+                         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
                  .format(sql.Identifier(catalog_schema, "read_stage")),
                  (version_id, topic, partition, start, end, records, archived_offsets > 0,
-                  archived_offsets))
+                  archived_offsets, decoded_offsets))

@@ -1,4 +1,5 @@
-"""Stream examples re-pointed at a test's own topics, and their tables read back."""
+"""Stream examples re-pointed at a test's own topics, their tables and catalog figures read
+back, and page views produced over past minutes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from integration.helpers import query
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
@@ -55,3 +58,64 @@ def dead_letter_offsets(settings: Any, name: str, topic: str) -> set[tuple[int, 
             "SELECT partition, \"offset\" FROM {}.{} WHERE topic = %s").format(
             sql.Identifier(settings.data_schema), sql.Identifier(name)), (topic,)).fetchall()
     return {(p, o) for p, o in rows}
+
+
+def archive_reads(settings: Any, job: str, version: str) -> tuple[int, int]:
+    """(offsets read from the archive, of those read from its decoded segments) by the
+    version's applied batches."""
+    ((archived, decoded),) = query(
+        settings, f"SELECT coalesce(sum(b.archived_offsets), 0), "
+        f"coalesce(sum(b.decoded_offsets), 0) FROM {settings.catalog_schema}.batches b "
+        f"JOIN {settings.catalog_schema}.job_versions v ON v.id = b.version_id "
+        "WHERE v.job = %s AND v.version = %s", job, version)
+    return int(archived), int(decoded)
+
+
+def log_end(records: list[Any]) -> dict[str, int]:
+    """{partition: the offset after its last record} of a topic read back."""
+    ends: dict[str, int] = {}
+    for partition, offset, *_ in records:
+        ends[str(partition)] = max(ends.get(str(partition), 0), offset + 1)
+    return ends
+
+
+def read_to(settings: Any, job: str, version: str, ends: dict[str, dict[str, int]]) -> bool:
+    """Whether the version has committed every offset below ``ends`` ({topic: {partition:
+    end}})."""
+    committed = {(t, str(p)): o for t, p, o in query(
+        settings, f"SELECT p.topic, p.partition, p.next_offset FROM "
+        f"{settings.catalog_schema}.processed_offsets p JOIN {settings.catalog_schema}"
+        ".job_versions v ON v.id = p.version_id WHERE v.job = %s AND v.version = %s",
+        job, version)}
+    return all(committed.get((t, p), 0) >= end for t, ps in ends.items()
+               for p, end in ps.items())
+
+
+def produce_over_minutes(bootstrap: str, topic: str, count: int, *, seed: int, minutes: int
+                         ) -> None:
+    """Sample page views with record timestamps spread evenly over ``minutes`` that ended a
+    minute ago, so that event-time windows close."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from orchestrator.kafka.admin import ensure_topic
+    from orchestrator.samples.sample import sample_events
+
+    ensure_topic(bootstrap, topic, 4)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    # From a minute's start: the last window then holds a full minute of records, so the
+    # watermark (10 s behind the newest) closes every window before it.
+    first_ms = (int(time.time() * 1000) - (minutes + 1) * 60_000) // 60_000 * 60_000
+    step_ms = minutes * 60_000 // count
+    for i, (key, value) in enumerate(sample_events(count, seed, users=200)):
+        producer.produce(topic, value=value, key=key, timestamp=first_ms + i * step_ms)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def table_rows(settings: Any, name: str, columns: list[str]) -> set[tuple[Any, ...]]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return set(conn.execute(sql.SQL("SELECT {} FROM {}.{}").format(
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.Identifier(settings.data_schema), sql.Identifier(name))).fetchall())

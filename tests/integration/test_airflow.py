@@ -42,24 +42,32 @@ def test_every_dag_loads_quickly_and_cleanly(settings, tmp_path: Path) -> None:
     errors = airflow(env, "dags", "list-import-errors", "--local", "-o", "json")
     assert errors.returncode == 0, errors.stderr[-2000:]
     assert json.loads(errors.stdout.strip().splitlines()[-1]) == []
-    # Parse each file as the DAG processor does, after Airflow itself is loaded, and time it.
+    # Parse each file as the DAG processor does, after Airflow itself is loaded and has built
+    # a DAG of its own (which loads what any DAG needs), and note what the files import.
     probe = f"""
-import json, runpy, sys, time
+import json, runpy, sys
 import airflow.sdk
-from airflow.sdk import DAG
-found, retries, params, slowest = {{}}, {{}}, {{}}, 0.0
+from airflow.sdk import DAG, task
+with DAG("probe_baseline", schedule=None):
+    @task
+    def baseline():
+        pass
+    baseline()
+loaded = set(sys.modules)
+found, retries, params = {{}}, {{}}, {{}}
 for path in sorted(__import__("pathlib").Path({str(ROOT / "dags")!r}).glob("*.py")):
-    start = time.perf_counter()
     namespace = runpy.run_path(str(path))
-    slowest = max(slowest, time.perf_counter() - start)
     for value in namespace.values():
         if isinstance(value, DAG):
             found[value.dag_id] = sorted(value.task_ids)
             retries[value.dag_id] = {{t.task_id: t.retries for t in value.tasks}}
             params[value.dag_id] = sorted(value.params)
 drivers = sorted(m for m in {sorted(DRIVERS)!r} if m in sys.modules)
-print(json.dumps({{"dags": found, "retries": retries, "params": params, "slowest": slowest,
-                  "drivers": drivers}}))
+heavy = sorted(m for m in set(sys.modules) - loaded
+               if m.split(".")[0] not in {{*sys.stdlib_module_names, "orchestrator"}}
+               and m != "airflow.sdk" and not m.startswith("airflow.sdk."))
+print(json.dumps({{"dags": found, "retries": retries, "params": params, "drivers": drivers,
+                  "heavy": heavy}}))
 """
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                           text=True, check=True, timeout=120)
@@ -79,9 +87,11 @@ print(json.dumps({{"dags": found, "retries": retries, "params": params, "slowest
     from orchestrator.airflow.run_conf import REPROCESS_DEFAULTS
 
     assert result["params"]["kappa_reprocess"] == sorted({"job_file", *REPROCESS_DEFAULTS})
-    # Far under Airflow's dagbag_import_timeout (30 s) even on a loaded machine; what keeps
-    # parsing fast is asserted above: no database, broker or Spark library at parse time.
-    assert result["slowest"] < 5.0, result
+    # Parsing stays far under Airflow's dagbag_import_timeout (30 s), however loaded the
+    # machine, because the files import nothing heavy: beyond what Airflow had loaded for a
+    # DAG of its own, only the standard library, Airflow's task SDK and the project's own
+    # modules (whose third-party imports would show here too).
+    assert result["heavy"] == [], result["heavy"]
 
 
 def _prepared(settings, topic: str, tmp_path: Path, count: int, seed: int, versions: tuple

@@ -6,7 +6,6 @@ them."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,6 +55,7 @@ def _event(url: str) -> bytes:
 def test_a_poison_record_fails_the_version_and_quarantine_isolates_it(
     settings, topic, tmp_path: Path, monkeypatch
 ) -> None:
+    from orchestrator.failpoints import release
     from orchestrator.kafka.producer import produce
     from orchestrator.service import Orchestrator
 
@@ -81,24 +81,30 @@ def test_a_poison_record_fails_the_version_and_quarantine_isolates_it(
                         if p == 1 and value in (_event("/poison"), _event("/no-key")))
         assert len(poison) == 2
 
-        # The quarantine's first try pauses, holding its window open: meanwhile the run row
-        # must be free, so that heartbeats, `kappa stop` and status reads elsewhere go on.
-        # 20 s: a loaded machine still checks within it, and the check says if it did not.
-        monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=1*sleep(20000)")
+        # The quarantine's first try pauses, holding its window open until the test has
+        # checked: meanwhile the run row must be free, so that heartbeats, `kappa stop` and
+        # status reads elsewhere go on.
+        released = tmp_path / "released"
+        released.mkdir()
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "quarantine.try=1*pause")
+        monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(released))
         result = kappa_cli(settings, "restart", "--quarantine", JOB, "v1")
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
         assert result.returncode == 0, result.stderr
         log = Path(service.version_status(JOB, "v1").log_path or "")
-        wait_until(lambda: "fail point quarantine.try: sleeping" in log.read_text(), 120,
-                   "the quarantine's first try", poll_s=0.2)
-        seen = time.monotonic()
-        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-            assert conn.execute(sql.SQL(
-                "SELECT attempt FROM {}.runs r JOIN {}.job_versions v ON v.id = r.version_id "
-                "WHERE v.job = %s FOR UPDATE OF r NOWAIT").format(
-                sql.Identifier(settings.catalog_schema), sql.Identifier(settings.catalog_schema)),
-                (JOB,)).fetchone() == (2,)
-        assert time.monotonic() - seen < 19, "the check missed the quarantine's window"
+        try:
+            wait_until(lambda: "fail point quarantine.try: paused" in log.read_text(), 300,
+                       "the quarantine's first try to pause", poll_s=0.2)
+            with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+                assert conn.execute(sql.SQL(
+                    "SELECT attempt FROM {}.runs r JOIN {}.job_versions v ON v.id = r.version_id "
+                    "WHERE v.job = %s FOR UPDATE OF r NOWAIT").format(
+                    sql.Identifier(settings.catalog_schema),
+                    sql.Identifier(settings.catalog_schema)), (JOB,)).fetchone() == (2,)
+            # Still inside the window: the check saw the quarantine mid-try.
+            assert "fail point quarantine.try: released" not in log.read_text()
+        finally:
+            release(released, "quarantine.try")
         service.wait(JOB, "v1", timeout_s=300)
 
         expected = {url: counts for url, counts in ref.v1.items()

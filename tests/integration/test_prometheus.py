@@ -16,20 +16,30 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOB = "pageview_counts"
 
 
-def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
-                                                               tmp_path: Path) -> None:
+def test_dashboard_queries_return_series_and_lag_falls_to_zero(
+        settings, topic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.failpoints import release
     from orchestrator.metrics.dashboard import panel_queries
     from orchestrator.metrics.dashboard_cutover import TITLES as CUTOVER_TITLES
     from orchestrator.service import Orchestrator
 
-    # Small batches so that the replay is still running while Prometheus scrapes it. A
-    # budget of 2 (the one version never queues), since the 'Replay slots' panel has a
-    # series only when there is a budget.
+    # A budget of 2 (the one version never queues), since the 'Replay slots' panel has a
+    # series only when there is a budget. Small batches, so that the replay's lag falls in
+    # steps that Prometheus samples.
     settings = replace(settings, max_batch_records=20_000, chunk_records=10_000,
                        replay_slots=2)
     service = Orchestrator(settings)
     service.produce_sample(topic, 300_000, seed=71)
+    # The replay's first batch waits, unread, until Prometheus has seen it behind: a fast or
+    # a loaded machine could otherwise finish it before the first scrape (with the archive's
+    # decoded segments in place early, in one batch). At the sink, not at a read task: a
+    # batch of decoded segments is read by Spark's Parquet reader, with no read task.
+    released = tmp_path / "released"
+    released.mkdir()
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.start=pause")
+    monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(released))
     service.deploy(job_file(tmp_path, "v1", topic))
+    monkeypatch.delenv("KAPPA_FAIL_POINTS")
     try:
         with agent(settings, tmp_path, "--interval", "1", "--window", "5",
                    archive=True) as target, \
@@ -39,6 +49,7 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
             selector = f'kappa_job="{JOB}",version="v1",job="kappa"'
             wait_until(lambda: query(url, f"kappa_lag_records{{{selector}}} > 0"), 120,
                        "Prometheus to see the version catching up")
+            release(released, "batch.start")
             for title, expr in panel_queries(JOB, "v1"):
                 if title in CUTOVER_TITLES:  # series only while an outcome test runs: they
                     continue  # are checked in test_outcome_cutover.py
@@ -59,4 +70,5 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(settings, topic,
             assert all(r["health"] == "ok" for r in rules), rules
             assert not [r for r in rules if r["state"] == "firing"], rules
     finally:
+        release(released, "batch.start")  # where the wait for the first scrape failed
         stop_drivers(service)

@@ -253,7 +253,8 @@ class SinkReads:
         from orchestrator.spark.writer import stage_read
 
         stage_read(self.catalog_schema, self.version_id, task.topic, task.partition,
-                   task.start, task.end, found, archived_offsets=task.end - task.start)
+                   task.start, task.end, found, archived_offsets=task.end - task.start,
+                   decoded_offsets=task.end - task.start)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -306,7 +306,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         columnar = ColumnarParser.for_schema(schema, parser, non_negative, pass_tombstones)
         parse = parser.parse
         add = builder.add
-        found = 0
+        found = decoded = 0
         cut = partition.archived_end
         chunks: Iterator[Any] = iter(())
         if partition.segments:  # imported only where the archive is read
@@ -325,6 +325,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     rows, dead = decoded_range(root, ref, lo, hi, partition.topic, read_schema,
                                                self.options["catalog_schema"])
                     found += rows.num_rows + len(dead)
+                    decoded += hi - lo
                     builder.add_dead_letters(dead)
                     builder.flush_dead_letters()
                     yield from rows.to_batches(max_chunksize=ROWS_PER_ARROW_BATCH)
@@ -356,7 +357,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         builder.flush_dead_letters()
         stage_read(self.options["catalog_schema"], int(self.options["version_id"]),
                    partition.topic, partition.partition, partition.start, partition.end, found,
-                   archived_offsets=cut - partition.start)
+                   archived_offsets=cut - partition.start, decoded_offsets=decoded)
         if builder.size:
             yield out(builder.flush())
 
