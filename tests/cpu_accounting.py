@@ -179,6 +179,13 @@ def run_figures(*, wall_s: float, seconds: Mapping[str, float], cpu: Mapping[str
                                                                   key=lambda kv: -kv[1])}},
         "modules": {name: {k: round(v, 1) if isinstance(v, float) else v for k, v in m.items()}
                     for name, m in sorted(modules.items())},
+        # Each test's own, to find where a module's CPU goes.
+        "tests": {nodeid: {
+            "wall_s": round(seconds.get(nodeid, 0.0), 1),
+            "cpu_s": round(cpu[nodeid], 1) if nodeid in cpu else None,
+            "driver_starts": sum(n for kind, n in starts.get(nodeid, {}).items()
+                                 if kind in JVM_STARTS)}
+            for nodeid in sorted({*seconds, *cpu, *starts} - {BETWEEN_TESTS})},
     }
 
 

@@ -116,6 +116,9 @@ def test_the_figures_per_module_and_the_table_of_the_slowest(tmp_path: Path) -> 
     assert figures["modules"]["tests/b.py"]["driver_starts"] == 0
     assert (figures["wall_s"], figures["test_wall_s"], figures["cpu_s"]) == (61.0, 56.0, 58.5)
     assert figures["driver_starts"] == 4  # the spare started between tests too
+    assert figures["tests"]["tests/a.py::t1"] == {"wall_s": 10.0, "cpu_s": 30.0,
+                                                  "driver_starts": 3}
+    assert BETWEEN_TESTS not in figures["tests"]
     assert figures["cpu_kinds"] == {"total_s": 58.5, "per_kind": {
         "Spark drivers and spares (JVM)": 40.0, "PostgreSQL": 18.5}}
     path = tmp_path / ".ci-figures" / "test-figures.json"
