@@ -115,6 +115,16 @@ def job_file(tmp_path: Path, version: str, topic: str, name: str = "pageview_cou
     return path
 
 
+def env_of_a_user() -> dict[str, str]:
+    """This process's environment without kappa's settings, as a user's shell has it, for a
+    `kappa` run in a state directory of its own. The driver start log stays: a driver that such
+    a run starts counts for its test (tests/cpu_accounting.py)."""
+    from orchestrator.spark.launch.driver_process import START_LOG_VARIABLE
+
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("KAPPA_") or k == START_LOG_VARIABLE}
+
+
 def kappa_cli(settings: object, *args: str, check: bool = False, cwd: Path | None = None
               ) -> subprocess.CompletedProcess[str]:
     """Run the real `kappa` console script with a test's settings in its environment."""

@@ -7,11 +7,7 @@ so, rather than going on over offsets that will hold other records."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,88 +18,23 @@ import psutil
 import pytest
 
 from conftest import job_file, wait_until
+from integration.embedded_cli import (
+    TOPIC,
+    archive_rows,
+    archived_records,
+    cli,
+    exact,
+    kill,
+    ok,
+    pid_of,
+    spare_ready,
+    stack_json,
+    tear_down,
+    wait_archived,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("archive")]
-TOPIC = "pageviews"
 RETRIED = "retried"  # written by a producer that retries through a broker's crash
-
-
-def _cli(state_dir: Path, *args: str, fail_points: str | None = None,
-         release: Path | None = None, traceback_ok: bool = False
-         ) -> subprocess.CompletedProcess[str]:
-    """``release``: the directory where a test releases the fail points it set to pause."""
-    exe = Path(sys.executable).with_name("kappa")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
-    env.update({"KAPPA_SPARK_DRIVER_MEMORY": "768m", "KAPPA_HEARTBEAT_INTERVAL_S": "1"})
-    if fail_points:
-        env["KAPPA_FAIL_POINTS"] = fail_points
-    if release is not None:
-        env["KAPPA_FAIL_POINTS_RELEASE"] = str(release)
-    done = subprocess.run([str(exe), "--state-dir", str(state_dir), *args], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert traceback_ok or "Traceback" not in done.stderr + done.stdout, done.stderr
-    return done
-
-
-def _ok(state_dir: Path, *args: str) -> str:
-    done = _cli(state_dir, *args)
-    assert done.returncode == 0, f"kappa {' '.join(args)}: {done.stdout}{done.stderr}"
-    return done.stdout
-
-
-def _stack(state_dir: Path) -> dict:
-    return json.loads(_ok(state_dir, "dev", "status", "--json"))
-
-
-def _pid(state_dir: Path, name: str) -> int:
-    return next(s["pid"] for s in _stack(state_dir)["services"] if s["name"] == name)
-
-
-def _archived(state_dir: Path) -> bool:
-    rows = json.loads(_ok(state_dir, "archive", "status", TOPIC, "--json"))
-    return bool(rows) and all(r["current"] and r["behind"] == 0 for r in rows)
-
-
-def _archived_records(state_dir: Path, topic: str) -> int:
-    rows = json.loads(_ok(state_dir, "archive", "status", topic, "--json"))
-    return sum(r["archived_end"] or 0 for r in rows if r["current"])
-
-
-def _wait_archived(state_dir: Path, what: str, done: Any = None, topic: str = TOPIC) -> None:
-    # 240 s: CI took over 120 s here on a loaded machine (twice for a new topic's first 500
-    # records); what the archive and its archiver were doing is printed if it takes longer.
-    try:
-        wait_until(done or (lambda: _archived(state_dir)), 240, what)
-    except AssertionError:
-        print(_ok(state_dir, "archive", "status", topic))
-        log = state_dir / "dev" / "archiver.log"
-        print(log.read_text(errors="replace")[-6000:] if log.is_file() else f"no {log}")
-        raise
-
-
-def _kill(pid: int) -> None:
-    proc = psutil.Process(pid)
-    proc.kill()
-    proc.wait(30)
-
-
-def _exact(state: Path) -> bool:
-    from orchestrator.settings import load_settings
-
-    from integration.helpers import output
-    from reference import compute
-
-    settings = load_settings({"state_dir": str(state)}, env={}, cwd=state)
-    return output(settings, "pageview_counts__v1") == compute(settings.kafka_bootstrap,
-                                                              TOPIC).v1
-
-
-def _tear_down(state: Path) -> None:
-    _cli(state, "dev", "down")
-    for proc in psutil.process_iter(["cmdline"]):
-        if str(state) in " ".join(proc.info["cmdline"] or []):
-            proc.kill()
-    shutil.rmtree(state, ignore_errors=True)
 
 
 def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held(
@@ -113,82 +44,81 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
     # mkdtemp, not tmp_path: the embedded server runs as another user (see conftest.stack).
     state = Path(tempfile.mkdtemp(prefix="kappa-archived-"))
     try:
-        up = json.loads(_ok(state, "dev", "up", "--json"))
+        up = json.loads(ok(state, "dev", "up", "--json"))
         assert up["storage"] == "archive"
         assert [s["name"] for s in up["services"]] == ["postgres", "broker", "ack proxy",
                                                         "archiver"]
         bootstrap = up["kafka_bootstrap"]
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "151")
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "151")
         # Transaction markers: offsets with no record, which the restore must put back too.
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "152",
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "152",
             "--transactional")
         # `kappa dev up` keeps a warm spare driver, which the first deploy adopts.
         spare = up["warm_spare_pid"]
-        wait_until(lambda: any(w["pid"] == spare and w["ready"]
-                               for w in _stack(state)["warm_spares"]), 240, "the spare to warm")
+        wait_until(lambda: spare_ready(state, spare), 240, "the spare to warm")
         path = job_file(tmp_path, "v1", TOPIC)
-        _ok(state, "deploy", str(path), "--wait", "--timeout", "300")
-        assert json.loads(_ok(state, "status", "--json"))[0]["pid"] == spare
-        _wait_archived(state, "the stack's archiver to reach the log end")
+        ok(state, "deploy", str(path), "--wait", "--timeout", "300")
+        assert json.loads(ok(state, "status", "--json"))[0]["pid"] == spare
+        wait_archived(state, "the stack's archiver to reach the log end")
         before = read_records(bootstrap, TOPIC)
 
         # A crash of the broker: `kappa dev up` starts another and restores the log into it;
         # the running version goes on from its offsets on the restored topic (its new id).
-        _kill(_pid(state, "broker"))
-        again = _ok(state, "dev", "up")
+        kill(pid_of(state, "broker"))
+        again = ok(state, "dev", "up")
         assert "restored pageviews: 6,000 records" in again, again
         assert "pageview_counts v1 goes on from its offsets" in again, again
-        assert _stack(state)["cluster_id"] == up["cluster_id"]
+        assert stack_json(state)["cluster_id"] == up["cluster_id"]
         assert read_records(bootstrap, TOPIC) == before  # offsets, timestamps, keys, values
 
         # A crash of the archiver: the next `kappa dev up` starts one; the broker lives on.
-        broker = _pid(state, "broker")
-        _kill(_pid(state, "archiver"))
-        assert not _stack(state)["running"]
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "400", "--seed", "153")
-        assert "restored pageviews" not in _ok(state, "dev", "up")
-        assert _pid(state, "broker") == broker
-        _wait_archived(state, "the new archiver to catch up")
-        _ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
-        assert _exact(state), "v1's output after the broker's crash differs from the log's"
-        v1 = next(v for v in json.loads(_ok(state, "status", "--json"))
+        broker = pid_of(state, "broker")
+        kill(pid_of(state, "archiver"))
+        assert not stack_json(state)["running"]
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "400", "--seed", "153")
+        assert "restored pageviews" not in ok(state, "dev", "up")
+        assert pid_of(state, "broker") == broker
+        wait_archived(state, "the new archiver to catch up")
+        ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
+        assert exact(state), "v1's output after the broker's crash differs from the log's"
+        v1 = next(v for v in json.loads(ok(state, "status", "--json"))
                   if v["version"] == "v1")
         assert v1["state"] in ("caught_up", "live") and v1["attempt"] == 2, v1
 
         # The version reads records that only the broker holds: the archiver is held, and a
         # pass that sees the new log end dies before its segment is in place.
-        archiver = psutil.Process(_pid(state, "archiver"))
+        archiver = psutil.Process(pid_of(state, "archiver"))
         archiver.send_signal(signal.SIGSTOP)
         archived_end = {(r["partition"]): r["archived_end"] for r in json.loads(
-            _ok(state, "archive", "status", TOPIC, "--json"))}
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "800", "--seed", "154")
-        _ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
-        died = _cli(state, "archive", "run", "--once", TOPIC,
+            ok(state, "archive", "status", TOPIC, "--json"))}
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "800", "--seed", "154")
+        ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
+        died = cli(state, "archive", "run", "--once", TOPIC,
                     fail_points="archive.before_rename=1*exit")
         assert died.returncode != 0
         seen_end = {(r["partition"]): r["log_end"] for r in json.loads(
-            _ok(state, "archive", "status", TOPIC, "--json"))}
-        _kill(_pid(state, "broker"))
+            ok(state, "archive", "status", TOPIC, "--json"))}
+        kill(pid_of(state, "broker"))
         archiver.kill()
 
-        crashed = json.loads(_ok(state, "dev", "up", "--json"))["restore"]
+        crashed = json.loads(ok(state, "dev", "up", "--json"))["restore"]
         lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in crashed["lost"]}
         assert lost == {p: (archived_end[p], seen_end[p]) for p in seen_end
                         if seen_end[p] > archived_end[p]} != {}
         [failed] = crashed["failed_versions"]
         assert failed.startswith("pageview_counts/v1: the log this version read is gone")
-        v1 = next(v for v in json.loads(_cli(state, "status", "--json", traceback_ok=True)
+        v1 = next(v for v in json.loads(cli(state, "status", "--json", traceback_ok=True)
                                         .stdout) if v["version"] == "v1")
         assert v1["state"] == "failed" and "lost with the broker" in v1["reason"]
         assert v1["log_gone"]
-        refused = _cli(state, "restart", "pageview_counts", "v1")
+        refused = cli(state, "restart", "pageview_counts", "v1")
         assert refused.returncode != 0 and "new VERSION" in refused.stderr
 
         # `kappa dev down` withdraws the spares this stack's commands started.
-        _ok(state, "dev", "down")
+        ok(state, "dev", "down")
         assert _spares_started_by(state) == []
     finally:
-        _tear_down(state)
+        tear_down(state)
 
 
 def _spares_started_by(state: Path) -> list[int]:
@@ -283,28 +213,28 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
 
     state = Path(tempfile.mkdtemp(prefix="kappa-archived-"))
     try:
-        bootstrap = json.loads(_ok(state, "dev", "up", "--json"))["kafka_bootstrap"]
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "161")
-        _ok(state, "deploy", str(job_file(tmp_path, "v1", TOPIC)), "--wait", "--timeout", "300")
+        bootstrap = json.loads(ok(state, "dev", "up", "--json"))["kafka_bootstrap"]
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "161")
+        ok(state, "deploy", str(job_file(tmp_path, "v1", TOPIC)), "--wait", "--timeout", "300")
         samples = [(key, value) for _, _, _, key, value in read_records(bootstrap, TOPIC)]
 
         # Without the ack proxy, clients cannot reach the broker: an outage until `kappa dev up`.
         for name, writes_on in (("archiver", True), ("postgres", True), ("ack proxy", False)):
             writer = _Writer(bootstrap, samples)
             writer.more(2000, f"the producer to write before the {name} is killed")
-            _kill(_pid(state, name))
+            kill(pid_of(state, name))
             if writes_on:
                 writer.more(1000, f"the producer to write on after the {name} was killed")
-            _ok(state, "dev", "up")
+            ok(state, "dev", "up")
             writer.more(1000, f"the producer to write on after the {name} came back")
             writer.stop()
-            _wait_archived(state, f"the archive to catch up after the {name}")
+            wait_archived(state, f"the archive to catch up after the {name}")
             log = {(p, o): v for p, o, _, _, v in read_records(bootstrap, TOPIC)}
             assert all(log.get(at) == value for at, value in writer.acked.items()), name
-            verified = json.loads(_ok(state, "archive", "verify", TOPIC, "--json"))
+            verified = json.loads(ok(state, "archive", "verify", TOPIC, "--json"))
             assert verified["compared_with_log"] == verified["segments"] > 0, verified
-        _ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
-        assert _exact(state), "v1's output after the archiver's and PostgreSQL's crashes differs"
+        ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
+        assert exact(state), "v1's output after the archiver's and PostgreSQL's crashes differs"
 
         # The archiver dies first, so the broker alone holds what it acknowledges from then on
         # (for far longer than the 0.2 s between the archiver's notes of the log ends).
@@ -315,26 +245,26 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         retrier = _Writer(bootstrap, samples, topic=RETRIED, reconnect_max_ms=500)
         writer.more(2000, "the producer to write before the archiver is killed")
         retrier.more(1000, "the retrying producer to write before the archiver is killed")
-        _wait_archived(state, f"the archiver to archive 500 records of {RETRIED}",
-                       lambda: _archived_records(state, RETRIED) >= 500, RETRIED)
-        _kill(_pid(state, "archiver"))
-        _ok(state, "produce-sample", "--topic", "unseen", "--count", "500", "--seed", "162")
+        wait_archived(state, f"the archiver to archive 500 records of {RETRIED}",
+                       lambda: archived_records(state, RETRIED) >= 500, RETRIED)
+        kill(pid_of(state, "archiver"))
+        ok(state, "produce-sample", "--topic", "unseen", "--count", "500", "--seed", "162")
         writer.more(1000, "the producer to write before the broker is killed")
         retrier.more(500, "the retrying producer to write before the broker is killed")
         # v1 reads records that only the broker holds before it dies: the branch below where
         # a version read lost records always runs.
         held = {r["partition"]: r["archived_end"] or 0 for r in json.loads(
-            _ok(state, "archive", "status", TOPIC, "--json")) if r["current"]}
+            ok(state, "archive", "status", TOPIC, "--json")) if r["current"]}
 
         def read_past_the_archive() -> bool:
-            v1 = next(v for v in json.loads(_ok(state, "status", "--json"))
+            v1 = next(v for v in json.loads(ok(state, "status", "--json"))
                       if v["version"] == "v1")
             return any(int(o) > held.get(int(p), 0)
                        for p, o in v1["processed_offsets"].get(TOPIC, {}).items())
 
         wait_until(read_past_the_archive, 120, "v1 to read records only the broker holds")
         before_kill = time.monotonic()
-        _kill(_pid(state, "broker"))
+        kill(pid_of(state, "broker"))
         writer.stop()
         # The new broker starts only after the retrying producer has heard all the lost one
         # acknowledged, so that its acknowledgements split exactly into the lost broker's and
@@ -344,11 +274,11 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         heard_from_the_lost_broker = retrier.went_down(before_kill)
         assert heard_from_the_lost_broker is not None
         before_up = {(r["partition"]): r["archived_end"] for r in json.loads(
-            _ok(state, "archive", "status", TOPIC, "--json"))}
-        v1 = next(v for v in json.loads(_ok(state, "status", "--json")) if v["version"] == "v1")
+            ok(state, "archive", "status", TOPIC, "--json"))}
+        v1 = next(v for v in json.loads(ok(state, "status", "--json")) if v["version"] == "v1")
         read = {int(p): e for p, e in v1["processed_offsets"][TOPIC].items()}
         # Three seconds in which the retrying producer, let in, would recreate its topic.
-        up = _cli(state, "dev", "up", "--json", fail_points="restore.start=1*sleep(3000)")
+        up = cli(state, "dev", "up", "--json", fail_points="restore.start=1*sleep(3000)")
         assert up.returncode == 0, up.stderr
         report = json.loads(up.stdout)["restore"]
         retrier.more(300, "the retrying producer to write once the restore is done")
@@ -376,7 +306,7 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         assert all(first < end for first, end in lost.values()), lost
         past = {p for p, n in read.items() if n > ends.get(p, 0)}
         assert past <= set(lost), (past, lost)
-        after = next(v for v in json.loads(_cli(state, "status", "--json", traceback_ok=True)
+        after = next(v for v in json.loads(cli(state, "status", "--json", traceback_ok=True)
                                            .stdout) if v["version"] == "v1")
         assert past, (read, ends)  # v1 had read records that only the broker held
         assert after["state"] == "failed" and "lost with the broker" in after["reason"]
@@ -399,7 +329,7 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
                            for p, (first, end) in lost.items())
         assert 0 <= beyond_heard <= writer.refused, (lost, acked_ends, writer.refused)
     finally:
-        _tear_down(state)
+        tear_down(state)
 
 
 def _check_retried(bootstrap: str, retrier: _Writer, from_the_lost_broker: int,
@@ -431,36 +361,35 @@ def test_what_the_broker_acknowledged_while_a_pass_hangs_is_reported_when_it_is_
     state = Path(tempfile.mkdtemp(prefix="kappa-archived-"))
 
     def rows() -> list[dict[str, Any]]:
-        return [r for r in json.loads(_ok(state, "archive", "status", TOPIC, "--json"))
-                if r["current"]]
+        return [r for r in archive_rows(state) if r["current"]]
 
     def noted() -> list[dict[str, Any]] | None:
         found = rows()
         return found if found and all(r["noted_end"] == r["log_end"] for r in found) else None
 
     try:
-        _ok(state, "dev", "up")
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "2000", "--seed", "171")
-        _wait_archived(state, "the stack's archiver to reach the log end")
-        _kill(_pid(state, "archiver"))
+        ok(state, "dev", "up")
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "2000", "--seed", "171")
+        wait_archived(state, "the stack's archiver to reach the log end")
+        kill(pid_of(state, "archiver"))
         # Held until the archiver is killed: never released.
-        started = _cli(state, "dev", "up", fail_points="archive.before_record=pause",
+        started = cli(state, "dev", "up", fail_points="archive.before_record=pause",
                        release=tmp_path)
         assert started.returncode == 0, started.stderr
         # A pass that notes these ends goes on to write their segment, and hangs there.
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "10", "--seed", "172")
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "10", "--seed", "172")
         wait_until(noted, 120, "the new archiver's pass to note the log ends")
-        _ok(state, "produce-sample", "--topic", TOPIC, "--count", "1000", "--seed", "173")
+        ok(state, "produce-sample", "--topic", TOPIC, "--count", "1000", "--seed", "173")
         found = wait_until(noted, 120, "the log ends to be noted while the pass hangs")
         assert isinstance(found, list)
         at_risk = {r["partition"]: (r["archived_end"], r["log_end"]) for r in found
                    if r["log_end"] > r["archived_end"]}
         assert sum(end - first for first, end in at_risk.values()) >= 1000, at_risk
 
-        _kill(_pid(state, "broker"))
-        _kill(_pid(state, "archiver"))
-        report = json.loads(_ok(state, "dev", "up", "--json"))["restore"]
+        kill(pid_of(state, "broker"))
+        kill(pid_of(state, "archiver"))
+        report = json.loads(ok(state, "dev", "up", "--json"))["restore"]
         lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in report["lost"]}
         assert lost == at_risk
     finally:
-        _tear_down(state)
+        tear_down(state)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -14,13 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, env_of_a_user, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("archive")]
 
 
 def _kappa(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    env = env_of_a_user()
     exe = Path(sys.executable).with_name("kappa")
     return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           check=False,
@@ -99,7 +98,7 @@ def _durable_cycle(cwd: Path) -> list[object]:
         tail = _kappa(cwd, "produce-sample", "--topic", "tail", "--count", "1000", "--seed", "78")
         assert tail.returncode == 0, tail.stderr
         tail_before = read_records(settings.kafka_bootstrap, "tail")  # type: ignore[attr-defined]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+        env = env_of_a_user()
         with subprocess.Popen([str(Path(sys.executable).with_name("kappa")), "dev", "down"],
                               cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as going_down:

@@ -21,7 +21,7 @@ from orchestrator.dev import stack
 from orchestrator.errors import ConfigError
 from orchestrator.settings import STACK_FILE, load_settings, read_stack_record
 
-from conftest import missing_tool, wait_until
+from conftest import env_of_a_user, missing_tool, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -306,7 +306,7 @@ def test_a_memory_log_is_volatile_and_says_so(state_dir: Path) -> None:
 def _cli(state_dir: Path, *args: str, stdin: str | None = None
          ) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("kappa")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    env = env_of_a_user()
     return subprocess.run([str(exe), "--state-dir", str(state_dir), *args], env=env,
                           capture_output=True, text=True, timeout=120, check=False, input=stdin)
 

@@ -28,7 +28,7 @@ from orchestrator.kafka.producer import produce
 from orchestrator.kafka.reader import read_all, read_range
 from orchestrator.samples.sample import sample_events
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("kafka_adapter")]
 
 _QUIET = logging.getLogger("tests.tansu.librdkafka")
 _QUIET.addHandler(logging.NullHandler())

@@ -7,7 +7,6 @@ start up (../shared/ENVIRONMENT.md)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from conftest import job_file, wait_until
+from conftest import env_of_a_user, job_file, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("s3")]
 KEPT, SHORT = "pageviews", "clicks"
 
 
 def _cli(state: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    env = env_of_a_user()
     env.update({"KAPPA_SPARK_DRIVER_MEMORY": "768m", "KAPPA_HEARTBEAT_INTERVAL_S": "1", **extra})
     done = subprocess.run([str(Path(sys.executable).with_name("kappa")), "--state-dir",
                            str(state), *args], env=env, capture_output=True, text=True,
@@ -159,8 +158,14 @@ def test_a_version_deployed_after_retention_replays_from_zero_out_of_the_archive
 
 
 def _state(state: Path, version: str) -> str:
-    return next(str(v["state"]) for v in json.loads(_ok(state, "status", "--json"))
-                if v["version"] == version)
+    """The state `kappa status` shows, read in this process: a wait polls it."""
+    from orchestrator.service import Orchestrator
+
+    service = Orchestrator(_settings(state))
+    try:
+        return service.version_status("pageview_counts", version).state.value
+    finally:
+        service.close()
 
 
 def _archived_offsets(settings: Any) -> int:

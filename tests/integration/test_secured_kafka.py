@@ -19,7 +19,9 @@ from integration.secured_brokers import SaslBroker, TlsBroker, sasl_broker, tls_
 from reference import compute
 
 # Their brokers (tests/integration/secured_brokers.py) keep the log in memory.
-pytestmark = [pytest.mark.integration, pytest.mark.broker_storage("memory")]
+# One worker builds the module's TLS and SASL brokers, once (--dist loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.broker_storage("memory"),
+              pytest.mark.xdist_group("secured_kafka")]
 JOB = "pageview_counts"
 
 

@@ -12,7 +12,9 @@ from conftest import job_file
 from integration.helpers import assert_batches_tile_the_log, dead_letters, output
 from reference import compute
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+# One worker starts the module's master and worker, once (--dist loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.spark,
+              pytest.mark.xdist_group("standalone_cluster")]
 
 
 @pytest.fixture(scope="module")
