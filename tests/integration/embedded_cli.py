@@ -18,12 +18,16 @@ TOPIC = "pageviews"
 
 
 def cli(state_dir: Path, *args: str, fail_points: str | None = None,
-        release: Path | None = None, traceback_ok: bool = False
+        release: Path | None = None, traceback_ok: bool = False, spares: bool = True
         ) -> subprocess.CompletedProcess[str]:
-    """``release``: the directory where a test releases the fail points it set to pause."""
+    """``release``: the directory where a test releases the fail points it set to pause.
+    ``spares=False``: `kappa dev up` keeps no warm spare driver (a JVM that only a deploy soon
+    after would use)."""
     exe = Path(sys.executable).with_name("kappa")
     env = env_of_a_user()
     env.update({"KAPPA_SPARK_DRIVER_MEMORY": "768m", "KAPPA_HEARTBEAT_INTERVAL_S": "1"})
+    if not spares:
+        env["KAPPA_WARM_SPARES"] = "0"
     if fail_points:
         env["KAPPA_FAIL_POINTS"] = fail_points
     if release is not None:
@@ -34,8 +38,8 @@ def cli(state_dir: Path, *args: str, fail_points: str | None = None,
     return done
 
 
-def ok(state_dir: Path, *args: str) -> str:
-    done = cli(state_dir, *args)
+def ok(state_dir: Path, *args: str, spares: bool = True) -> str:
+    done = cli(state_dir, *args, spares=spares)
     assert done.returncode == 0, f"kappa {' '.join(args)}: {done.stdout}{done.stderr}"
     return done.stdout
 

@@ -213,7 +213,7 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
 
     state = Path(tempfile.mkdtemp(prefix="kappa-archived-"))
     try:
-        bootstrap = json.loads(ok(state, "dev", "up", "--json"))["kafka_bootstrap"]
+        bootstrap = json.loads(ok(state, "dev", "up", "--json", spares=False))["kafka_bootstrap"]
         ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "161")
         ok(state, "deploy", str(job_file(tmp_path, "v1", TOPIC)), "--wait", "--timeout", "300")
         samples = [(key, value) for _, _, _, key, value in read_records(bootstrap, TOPIC)]
@@ -225,7 +225,7 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
             kill(pid_of(state, name))
             if writes_on:
                 writer.more(1000, f"the producer to write on after the {name} was killed")
-            ok(state, "dev", "up")
+            ok(state, "dev", "up", spares=False)
             writer.more(1000, f"the producer to write on after the {name} came back")
             writer.stop()
             wait_archived(state, f"the archive to catch up after the {name}")
@@ -278,7 +278,8 @@ def test_sigkills_of_the_archiver_postgres_and_broker_while_a_producer_writes(
         v1 = next(v for v in json.loads(ok(state, "status", "--json")) if v["version"] == "v1")
         read = {int(p): e for p, e in v1["processed_offsets"][TOPIC].items()}
         # Three seconds in which the retrying producer, let in, would recreate its topic.
-        up = cli(state, "dev", "up", "--json", fail_points="restore.start=1*sleep(3000)")
+        up = cli(state, "dev", "up", "--json", fail_points="restore.start=1*sleep(3000)",
+                 spares=False)
         assert up.returncode == 0, up.stderr
         report = json.loads(up.stdout)["restore"]
         retrier.more(300, "the retrying producer to write once the restore is done")
@@ -368,12 +369,12 @@ def test_what_the_broker_acknowledged_while_a_pass_hangs_is_reported_when_it_is_
         return found if found and all(r["noted_end"] == r["log_end"] for r in found) else None
 
     try:
-        ok(state, "dev", "up")
+        ok(state, "dev", "up", spares=False)
         ok(state, "produce-sample", "--topic", TOPIC, "--count", "2000", "--seed", "171")
         wait_archived(state, "the stack's archiver to reach the log end")
         kill(pid_of(state, "archiver"))
         # Held until the archiver is killed: never released.
-        started = cli(state, "dev", "up", fail_points="archive.before_record=pause",
+        started = cli(state, "dev", "up", fail_points="archive.before_record=pause", spares=False,
                        release=tmp_path)
         assert started.returncode == 0, started.stderr
         # A pass that notes these ends goes on to write their segment, and hangs there.
@@ -388,7 +389,7 @@ def test_what_the_broker_acknowledged_while_a_pass_hangs_is_reported_when_it_is_
 
         kill(pid_of(state, "broker"))
         kill(pid_of(state, "archiver"))
-        report = json.loads(ok(state, "dev", "up", "--json"))["restore"]
+        report = json.loads(ok(state, "dev", "up", "--json", spares=False))["restore"]
         lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in report["lost"]}
         assert lost == at_risk
     finally:
