@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.integration]
 
 
 def test_agent_serves_fresh_metrics_and_stops_on_sigterm(settings, tmp_path: Path) -> None:
-    env = dict(os.environ, **settings.driver_environment())
+    # No warm spare: a JVM that nothing here adopts (test_spares.py starts those; with none
+    # wanted, the agent's sampling still calls keep_spares on every tick).
+    env = {**os.environ, **settings.driver_environment(), "KAPPA_WARM_SPARES": "0"}
     out = tmp_path / "agent.out"
     with open(out, "wb") as sink:
         agent = subprocess.Popen(

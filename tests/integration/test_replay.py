@@ -31,7 +31,8 @@ def _matches(settings, version, ref_table) -> bool:
 
 def test_v1_and_v2_replay_exactly_side_by_side_then_go_live(service, settings, topic,
                                                               tmp_path: Path) -> None:
-    service.produce_sample(topic, 100_000, seed=11)
+    # 20,000 records: one batch each, as 100,000 were (max_batch_records 500,000).
+    service.produce_sample(topic, 20_000, seed=11)
     service.deploy(job_file(tmp_path, "v1", topic))
     service.wait(JOB, "v1", timeout_s=300)
     v1_batches = len(assert_batches_tile_the_log(
@@ -42,7 +43,7 @@ def test_v1_and_v2_replay_exactly_side_by_side_then_go_live(service, settings, t
     service.produce_sample(topic, 20_000, seed=12, rate=20_000)
     service.wait(JOB, "v2", timeout_s=300)
     ref = compute(settings.kafka_bootstrap, topic)
-    assert ref.records == 120_000 and ref.invalid > 0
+    assert ref.records == 40_000 and ref.invalid > 0
     wait_until(lambda: _matches(settings, "v1", ref.v1), 300, "v1 to process the new events")
     assert _matches(settings, "v2", ref.v2)
 
@@ -93,7 +94,7 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
     try:
         result = kappa_cli(settings, "deploy", str(path))
         assert result.returncode == 0, result.stderr
-        for low, high in ((0.05, 0.25), (0.35, 0.55), (0.65, 0.85)):
+        for kill, (low, high) in enumerate(((0.05, 0.25), (0.35, 0.55), (0.65, 0.85))):
             target = int(total * rng.uniform(low, high))
 
             def progressed(target: int = target) -> object:
@@ -103,12 +104,19 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
 
             st = wait_until(progressed, 240, f"the replay to pass offset {target}", poll_s=0.25)
             os.kill(st.pid, signal.SIGKILL)
-            wait_until(lambda: service.version_status(JOB, "v2").state.value == "failed", 120,
-                       "status to report the dead driver")
-            restarted = kappa_cli(settings, "restart", JOB, "v2")
-            assert restarted.returncode == 0, restarted.stderr
+            failed = wait_until(
+                lambda: (s := service.version_status(JOB, "v2")).state.value == "failed" and s,
+                120, "status to report the dead driver")
+            # The status says why, with the end of the driver's log, and no PID.
+            assert "is gone" in failed.reason and failed.log_tail and failed.pid is None
+            if kill == 0:  # `kappa restart` once, the others in process: the same call
+                restarted = kappa_cli(settings, "restart", JOB, "v2")
+                assert restarted.returncode == 0, restarted.stderr
+            else:
+                service.restart(JOB, "v2")
         final = service.wait(JOB, "v2", timeout_s=300)
-        assert final.attempt == 4
+        # Resumed, the status forgets the failure.
+        assert final.attempt == 4 and final.reason is None and not final.log_tail
         ref = compute(settings.kafka_bootstrap, topic)
         assert output(settings, f"{JOB}__v2") == ref.v2
         assert dead_letters(settings, f"{JOB}__v2__dead_letters") == ref.invalid_offsets
@@ -118,20 +126,3 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
         assert events.count("state") >= 12
     finally:
         stop_drivers(service)
-
-
-def test_driver_failure_shows_reason_and_log_tail(service, settings, topic, tmp_path: Path
-                                                  ) -> None:
-    service.produce_sample(topic, 1_000, seed=31)
-    service.deploy(job_file(tmp_path, "v1", topic))
-    service.wait(JOB, "v1", timeout_s=300)
-    st = service.version_status(JOB, "v1")
-    os.killpg(st.pid, signal.SIGKILL)
-    failed = wait_until(lambda: (s := service.version_status(JOB, "v1")).state.value == "failed"
-                        and s, 120, "the failure to be noticed")
-    assert "is gone" in failed.reason and failed.log_tail and failed.pid is None
-    service.restart(JOB, "v1")
-    resumed = service.wait(JOB, "v1", timeout_s=300)
-    assert resumed.attempt == 2 and resumed.reason is None and not resumed.log_tail
-    ref = compute(settings.kafka_bootstrap, topic)
-    assert output(settings, f"{JOB}__v1") == ref.v1
