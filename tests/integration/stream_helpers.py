@@ -79,15 +79,11 @@ def log_end(records: list[Any]) -> dict[str, int]:
     return ends
 
 
-def read_to(settings: Any, job: str, version: str, ends: dict[str, dict[str, int]]) -> bool:
+def read_to(service: Any, job: str, version: str, ends: dict[str, dict[str, int]]) -> bool:
     """Whether the version has committed every offset below ``ends`` ({topic: {partition:
     end}})."""
-    committed = {(t, str(p)): o for t, p, o in query(
-        settings, f"SELECT p.topic, p.partition, p.next_offset FROM "
-        f"{settings.catalog_schema}.processed_offsets p JOIN {settings.catalog_schema}"
-        ".job_versions v ON v.id = p.version_id WHERE v.job = %s AND v.version = %s",
-        job, version)}
-    return all(committed.get((t, p), 0) >= end for t, ps in ends.items()
+    committed = service.version_status(job, version).processed_offsets
+    return all(committed.get(t, {}).get(p, 0) >= end for t, ps in ends.items()
                for p, end in ps.items())
 
 

@@ -21,106 +21,89 @@ from reference import compute
 from reference_streams import Log, read_records, url_visitors
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-POINTS = ("batch.after_pg_commit", "batch.before_spark_commit")
 URL_COLUMNS = ["visitors", "first_seen", "last_seen"]
+# One driver per attempt: the first ends after the PostgreSQL commit of its third batch; the
+# second re-runs that batch (held by the catalog: no apply, no after_pg_commit), applies the next
+# and ends before Spark's commit log has it; the third runs clean to the end of the log.
+CRASHES = ("batch.after_pg_commit=2*off->1*exit", "batch.before_spark_commit=1*off->1*exit")
 
 
 def _query_failures(log_path: str | None, attempt: int) -> list[str]:
-    """The driver's "query failed" lines of one attempt: a resumed version needs none."""
+    """The driver's "query failed" lines from an attempt on: a resumed version needs none."""
     assert log_path
     text = Path(log_path).read_text(errors="replace")
     since = text.rsplit(f"=== attempt {attempt} starting", 1)[-1]
     return [line[:300] for line in since.splitlines() if "query failed" in line]
 
 
-Crash = tuple[str, str, str, Callable[[], object]]  # job, version, fail point, deploy
+def _processed(service, job: str, version: str) -> int:
+    st = service.version_status(job, version)
+    return sum(o for ps in st.processed_offsets.values() for o in ps.values())
 
 
-def _crash_then_restart(service, monkeypatch, crashes: list[Crash]) -> None:
-    """Deploy each (job, version) with its fail point set to end the driver at its third batch,
-    see each driver die, then restart them all without fail points."""
-    for _job, _version, point, deploy in crashes:
-        monkeypatch.setenv("KAPPA_FAIL_POINTS", f"{point}=2*off->1*exit")
-        deploy()
-    monkeypatch.delenv("KAPPA_FAIL_POINTS")
-    for job, version, _point, _deploy in crashes:
-        wait_until(lambda j=job, v=version: service.version_status(j, v).state.value == "failed",
-                   240, f"{job} {version}'s driver to exit at its fail point")
-        st = service.version_status(job, version)
-        assert "is gone" in (st.reason or ""), st.reason
-        assert sum(o for ps in st.processed_offsets.values() for o in ps.values()) > 0
+def _crash_twice_then_restart(service, monkeypatch, deploys: dict[tuple[str, str],
+                                                                  Callable[[], object]]) -> None:
+    """Deploy each (job, version), see its driver die at each of CRASHES in turn (a restart
+    after each), then restart it without fail points."""
+    done = {key: 0 for key in deploys}
+    for attempt, points in enumerate(CRASHES, 1):
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", points)
+        for (job, version), deploy in deploys.items():
+            if attempt == 1:
+                deploy()
+            else:
+                service.restart(job, version)
+        monkeypatch.delenv("KAPPA_FAIL_POINTS")
+        for job, version in deploys:
+            wait_until(lambda j=job, v=version: service.version_status(j, v).state.value
+                       == "failed", 300, f"{job} {version}'s driver to exit at {points}")
+            st = service.version_status(job, version)
+            assert st.attempt == attempt and "is gone" in (st.reason or ""), st
+            # Each driver committed a batch of its own to PostgreSQL before its end.
+            before, done[job, version] = done[job, version], _processed(service, job, version)
+            assert done[job, version] > before, (job, version, attempt, done[job, version])
+    for job, version in deploys:
         service.restart(job, version)
 
 
-def test_stream_job_resumes_exactly_after_a_crash_between_the_two_commits(
+def test_jobs_resume_exactly_after_crashes_between_the_two_commits_or_an_error_past_one(
         settings, tmp_path: Path, monkeypatch) -> None:
-    from orchestrator.service import Orchestrator
-
-    service = Orchestrator(replace(settings, max_batch_records=3_000, chunk_records=1_500))
-    topic = f"pageviews_{uuid.uuid4().hex[:8]}"
-    service.produce_sample(topic, 15_000, seed=81, users=200)
-    labels = {f"crash{i}": point for i, point in enumerate(POINTS)}
-    try:
-        _crash_then_restart(service, monkeypatch, [
-            ("url_visitors", label, point,
-             lambda v=label: service.deploy(example(tmp_path, "url_visitors",
-                                                    {"pageviews": topic}, version=v)))
-            for label, point in labels.items()])
-        reference = url_visitors(Log(read_records(settings.kafka_bootstrap, topic), []))
-        assert reference
-        for version in labels:
-            st = service.wait("url_visitors", version, timeout_s=300)
-            assert st.attempt == 2
-            # The batch the catalog held ran its plan: its state was written, Spark's commit
-            # found every state store committed, and no query had to be started again.
-            assert _query_failures(st.log_path, 2) == []
-            assert table(settings, f"url_visitors__{version}", "url", URL_COLUMNS) == reference
-    finally:
-        stop_drivers(service)
-
-
-def test_stream_job_goes_on_after_an_error_raised_past_the_postgres_commit(
-        settings, tmp_path: Path, monkeypatch) -> None:
-    """The same window without a crash: an error after the commit (as a psycopg error from the
+    """A stream job with state and a batch job, each crashed in both windows; and beside them
+    the first window without a crash: an error after the commit (as a psycopg error from the
     caught-up check when PostgreSQL restarts) makes the same process run the batch again."""
     from orchestrator.service import Orchestrator
 
     service = Orchestrator(replace(settings, max_batch_records=3_000, chunk_records=1_500))
     topic = f"pageviews_{uuid.uuid4().hex[:8]}"
-    service.produce_sample(topic, 12_000, seed=82, users=200)
-    monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.after_pg_commit=1*off->1*raise")
+    # Five batches of 3,000: two attempts end inside them, and the third has one left to run.
+    service.produce_sample(topic, 15_000, seed=81, users=200)
     try:
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.after_pg_commit=1*off->1*raise")
         service.deploy(example(tmp_path, "url_visitors", {"pageviews": topic}, version="raised"))
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
+        _crash_twice_then_restart(service, monkeypatch, {
+            ("url_visitors", "crashed"): lambda: service.deploy(example(
+                tmp_path, "url_visitors", {"pageviews": topic}, version="crashed")),
+            ("pageview_counts", "v1"): lambda: service.deploy(job_file(tmp_path, "v1", topic))})
+        reference = url_visitors(Log(read_records(settings.kafka_bootstrap, topic), []))
+        assert reference
+        st = service.wait("url_visitors", "crashed", timeout_s=300)
+        assert st.attempt == 3
+        # Each batch the catalog held ran its plan: its state was written, Spark's commit
+        # found every state store committed, and no query had to be started again.
+        assert _query_failures(st.log_path, 2) == []
+        assert table(settings, "url_visitors__crashed", "url", URL_COLUMNS) == reference
+
         st = service.wait("url_visitors", "raised", timeout_s=300)
         assert st.attempt == 1  # the driver's own retry, no restart
         (failure,) = _query_failures(st.log_path, 1)  # the fail point's, and no other
         assert "FailPointError" in failure
-        reference = url_visitors(Log(read_records(settings.kafka_bootstrap, topic), []))
         assert table(settings, "url_visitors__raised", "url", URL_COLUMNS) == reference
-    finally:
-        stop_drivers(service)
 
-
-def test_batch_job_resumes_exactly_after_a_crash_between_the_two_commits(
-        settings, tmp_path: Path, monkeypatch) -> None:
-    from orchestrator.service import Orchestrator
-
-    service = Orchestrator(replace(settings, max_batch_records=3_000, chunk_records=1_500))
-    topic = f"pageviews_{uuid.uuid4().hex[:8]}"
-    service.produce_sample(topic, 12_000, seed=83)
-    jobs = {f"crash{i}": point for i, point in enumerate(POINTS)}
-    try:
-        _crash_then_restart(service, monkeypatch, [
-            (f"counts_{name}", "v1", point,
-             lambda n=name: service.deploy(job_file(tmp_path, "v1", topic, name=f"counts_{n}")))
-            for name, point in jobs.items()])
         ref = compute(settings.kafka_bootstrap, topic)
-        for name in jobs:
-            job = f"counts_{name}"
-            assert service.wait(job, "v1", timeout_s=300).attempt == 2
-            assert output(settings, f"{job}__v1") == ref.v1
-            assert_batches_tile_the_log(settings, job, "v1", topic, ref.log_end)
+        assert service.wait("pageview_counts", "v1", timeout_s=300).attempt == 3
+        assert output(settings, "pageview_counts__v1") == ref.v1
+        assert_batches_tile_the_log(settings, "pageview_counts", "v1", topic, ref.log_end)
     finally:
         stop_drivers(service)
 
@@ -152,7 +135,8 @@ def test_caught_up_is_measured_on_a_timer_once_the_log_goes_quiet(
             path = service.version_status("pageview_counts", "v1").log_path
             return Path(path).read_text() if path and Path(path).exists() else ""
 
-        wait_until(lambda: "fail point driver.going_live: paused" in driver_log(), 120,
+        # A cold driver's start and catch-up: over 120 s once, under a load of 50 on 2 cores.
+        wait_until(lambda: "fail point driver.going_live: paused" in driver_log(), 300,
                    "caught_up to be recorded, not yet committed")
         # Held between the two: nobody sees caught_up, and wait goes on waiting.
         assert service.version_status("pageview_counts", "v1").state.value not in (
@@ -160,7 +144,7 @@ def test_caught_up_is_measured_on_a_timer_once_the_log_goes_quiet(
         with pytest.raises(KappaError, match="has not caught up"):
             service.wait("pageview_counts", "v1", timeout_s=3)
         release(released, "driver.going_live")
-        st = service.wait("pageview_counts", "v1", timeout_s=120)
+        st = service.wait("pageview_counts", "v1", timeout_s=300)
         assert st.state.value == "live" and st.lag_records == 0
         log = Path(st.log_path or "").read_text()
         assert "cannot measure the lag" in log  # the fail point fired
