@@ -25,9 +25,11 @@ def connections(settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
             monkeypatch.setenv(name, value)
 
 
-def test_a_retried_deploy_restarts_instead_of_deploying_twice(
+def test_a_retried_deploy_never_deploys_twice_and_the_trigger_reports_it_stopped(
         settings, topic, tmp_path: Path, connections: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One driver for both: the version the retried deploy started is then stopped, and the
+    catch-up trigger, revived from what it stores, reports that at once."""
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     from orchestrator.airflow.operators import KappaDeployOperator
@@ -65,20 +67,17 @@ def test_a_retried_deploy_restarts_instead_of_deploying_twice(
             KappaDeployOperator(task_id="checked", job_file=str(changed),
                                 expect_version="v1",
                                 expect_fingerprint=retried["fingerprint"]).execute({})
+        service.stop(JOB, "v1")
     finally:
         service.stop_all()
+    _the_trigger_stores_no_secret_and_reports_a_stopped_version(settings, tmp_path)
 
 
-def test_the_trigger_stores_no_secret_and_reports_a_stopped_version(
-        settings, topic, tmp_path: Path, connections: None) -> None:
+def _the_trigger_stores_no_secret_and_reports_a_stopped_version(settings, tmp_path: Path
+                                                                ) -> None:
     from orchestrator.airflow.hooks import public_settings
     from orchestrator.airflow.triggers import KappaCaughtUpTrigger
-    from orchestrator.service import Orchestrator
 
-    service = Orchestrator(settings)
-    service.produce_sample(topic, 1_000, seed=193)
-    service.deploy(job_file(tmp_path, "v1", topic))
-    service.stop(JOB, "v1")
     trigger = KappaCaughtUpTrigger(
         job=JOB, version="v1", max_lag=0, poll_interval=0.2,
         postgres_conn_id="kappa_postgres", kafka_conn_id="kappa_kafka",

@@ -71,8 +71,13 @@ def test_cutover_resumes_after_a_crash_and_promotes(service, settings, topic, tm
     assert _plan(settings)[:2] == (6, "succeeded")
 
 
-def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_guardrail_or_a_manual_rollback_mid_ramp_ends_the_cutover(
+        service, settings, topic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ways a ramp ends early, on one pair of drivers: a guardrail failing after a soak,
+    then a manual rollback during a soak (v2's guardrail does not get in its way: it is
+    checked before the ramp, when v2 serves nothing, and after a soak, which never ends)."""
+    import threading
+
     from orchestrator.errors import KappaError, ServiceUnavailableError
     from orchestrator.service import Orchestrator
 
@@ -110,15 +115,7 @@ def test_a_guardrail_failing_mid_ramp_rolls_back(service, settings, topic, tmp_p
     assert steps == [("promote", "v1"), ("ab", "v2"), ("rollback", "v1")]
     assert _plan(settings)[1] == "rolled_back"
 
-
-def test_a_manual_rollback_during_a_soak_ends_the_cutover(service, settings, topic,
-                                                          tmp_path: Path) -> None:
-    import threading
-
-    from orchestrator.errors import KappaError
-    from orchestrator.service import Orchestrator
-
-    settings, service = _v1_serving_v2_ready(settings, topic, tmp_path, 5_000, seed=161)
+    # A manual rollback during a soak ends a new cutover of v2: no later step undoes it.
     failure: list[BaseException] = []
 
     def cut_over() -> None:
@@ -129,11 +126,12 @@ def test_a_manual_rollback_during_a_soak_ends_the_cutover(service, settings, top
 
     runner = threading.Thread(target=cut_over)
     runner.start()
-    wait_until(lambda: (_plan(settings) or (0,))[0] >= 2, 120, "the 10 % step")
+    wait_until(lambda: (_plan(settings) or (0, "rolled_back"))[:2] == (2, "running"), 120,
+               "the 10 % step of the new plan")
     service.rollback(JOB, reason="operator saw a bad dashboard")
     runner.join(60)
     assert not runner.is_alive()
     assert failure and "rolled_back while it ran" in str(failure[0])
     steps = [(h["action"], h["to"]) for h in service.history(JOB)]
-    assert steps == [("promote", "v1"), ("ab", "v2"), ("rollback", "v1")]  # no 50 % step after
+    assert steps[3:] == [("ab", "v2"), ("rollback", "v1")]  # no 50 % step after
     assert _plan(settings)[1:] == ("rolled_back", "operator saw a bad dashboard")
