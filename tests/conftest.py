@@ -78,25 +78,31 @@ def stack() -> Iterator[object]:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-@pytest.fixture
-def settings(stack: object, tmp_path: Path) -> object:
+def settings_for(stack: object, state_dir: Path, **changes: object) -> object:
+    """A test's settings on its worker's stack, with catalog and data schemas of its own: the
+    `settings` fixture's, and a module fixture's (which cannot use a function's fixture)."""
     from orchestrator.settings import Settings
 
     tag = uuid.uuid4().hex[:8]
-    return Settings(
-        state_dir=tmp_path / "state", pg_dsn=stack.pg_dsn,  # type: ignore[attr-defined]
-        kafka_bootstrap=stack.kafka_bootstrap,  # type: ignore[attr-defined]
-        catalog_schema=f"kappa_{tag}", data_schema=f"data_{tag}",
-        spark_driver_memory="768m", heartbeat_interval_s=1.0,
+    return Settings(**{  # type: ignore[arg-type]
+        "state_dir": state_dir, "pg_dsn": stack.pg_dsn,  # type: ignore[attr-defined]
+        "kafka_bootstrap": stack.kafka_bootstrap,  # type: ignore[attr-defined]
+        "catalog_schema": f"kappa_{tag}", "data_schema": f"data_{tag}",
+        "spark_driver_memory": "768m", "heartbeat_interval_s": 1.0,
         # No replay budget: tests written before it run their catch-ups side by side (six at
         # once in test_stream_jobs); test_replay_budget sets its own.
-        replay_slots=0,
+        "replay_slots": 0,
         # Nor live first: an agent in a test pauses no catch-up unless the test says so
         # (test_replay_budget).
-        live_lag_protect_s=0,
+        "live_lag_protect_s": 0,
         # One pool of warm spares per worker's stack, shared by its tests.
-        spare_dir=Path(stack.state_dir) / "spares",  # type: ignore[attr-defined]
-    )
+        "spare_dir": Path(stack.state_dir) / "spares",  # type: ignore[attr-defined]
+        **changes})
+
+
+@pytest.fixture
+def settings(stack: object, tmp_path: Path) -> object:
+    return settings_for(stack, tmp_path / "state")
 
 
 @pytest.fixture

@@ -76,28 +76,19 @@ def test_missing_topic_is_refused(settings, topic, tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_same_label_with_different_code_is_refused(settings, service, topic,
-                                                   tmp_path: Path) -> None:
-    service.produce_sample(topic, 100, seed=3)
+def test_status_json_has_the_stable_keys_and_same_label_with_different_code_is_refused(
+        settings, service, topic, tmp_path: Path) -> None:
+    """One deployment, one driver start, for three checks: `deploy --json` says whether it
+    created the version, `status --json` has the stable keys, and other code under the same
+    label is refused."""
+    service.produce_sample(topic, 5_000, seed=4)
     path = job_file(tmp_path, "v1", topic)
     first = kappa_cli(settings, "deploy", str(path), "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["created"] is True
     again = kappa_cli(settings, "deploy", str(path), "--json")  # same code: a no-op
     assert again.returncode == 0 and json.loads(again.stdout)["created"] is False
-    path.write_text(path.read_text().replace("F.count(F.lit(1))", "F.count(F.col('url'))"))
-    _one_line_error(kappa_cli(settings, "deploy", str(path)), "different code", "new VERSION")
-    versions = query(settings, f"SELECT count(*) FROM {settings.catalog_schema}.job_versions")
-    assert versions == [(1,)]
-    stopped = kappa_cli(settings, "stop", "pageview_counts", "v1", "--json")
-    assert stopped.returncode == 0, stopped.stderr
-    assert json.loads(stopped.stdout)["state"] == "stopped"
 
-
-@pytest.mark.spark
-def test_status_json_has_the_stable_keys(settings, service, topic, tmp_path: Path) -> None:
-    service.produce_sample(topic, 5_000, seed=4)
-    service.deploy(job_file(tmp_path, "v1", topic))
     service.wait("pageview_counts", "v1", timeout_s=300)
     result = kappa_cli(settings, "status", "--json")
     assert result.returncode == 0, result.stderr
@@ -111,6 +102,14 @@ def test_status_json_has_the_stable_keys(settings, service, topic, tmp_path: Pat
     assert row["lag_records"] == 0 and row["state"] == "live" and isinstance(row["pid"], int)
     table = kappa_cli(settings, "status")
     assert "pageview_counts" in table.stdout and "live" in table.stdout
+
+    path.write_text(path.read_text().replace("F.count(F.lit(1))", "F.count(F.col('url'))"))
+    _one_line_error(kappa_cli(settings, "deploy", str(path)), "different code", "new VERSION")
+    versions = query(settings, f"SELECT count(*) FROM {settings.catalog_schema}.job_versions")
+    assert versions == [(1,)]
+    stopped = kappa_cli(settings, "stop", "pageview_counts", "v1", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout)["state"] == "stopped"
 
 
 def _in_terminal(settings, command: str, env_changes: dict[str, str] | None = None) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import job_file, kappa_cli
+from conftest import job_file
 from integration.helpers import query, stop_drivers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -55,11 +55,11 @@ def test_promote_is_refused_when_behind_or_validated_before_a_restart(
         service.wait(JOB, "v2", timeout_s=120)
 
         # A validation made before the version's restart no longer counts.
-        assert kappa_cli(settings, "restart", JOB, "v2").returncode == 0
+        service.restart(JOB, "v2")
         service.wait(JOB, "v2", timeout_s=240)
-        refused = kappa_cli(settings, "promote", JOB, "v2")
-        assert refused.returncode == 1
-        assert "validation predates the latest deploy or restart of v2" in refused.stderr
+        with pytest.raises(StateError, match="validation predates the latest deploy or restart "
+                                             "of v2"):
+            service.promote(JOB, "v2")
         service.wait(JOB, "v1", timeout_s=240)
         assert service.diff(JOB, "v1", "v2").passed
         assert service.promote(JOB, "v2")["primary"] == "v2"

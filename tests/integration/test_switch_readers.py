@@ -1,7 +1,10 @@
 """32 readers, some holding transactions open for seconds, while 50 switches run: no reader
 fails, stalls or sees a key twice, and no switch runs DDL or waits for a reader. Whether a
 reader waited is told by locks, never by a clock: a switch held before its COMMIT, with every
-lock it takes, for as long as the test needs (fail point `switch.before_commit`)."""
+lock it takes, for as long as the test needs (fail point `switch.before_commit`).
+
+Both tests switch one deployment, made once (v1 and v2 caught up, validated), each an alias of its
+own."""
 
 from __future__ import annotations
 
@@ -11,20 +14,46 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import ROOT, job_file, wait_until
+from conftest import ROOT, job_file, settings_for, wait_until
 
 sys.path.insert(0, str(ROOT))
 from bench.switch import prepare, run_scenario
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+# One deployment for the module's tests, on one xdist worker (--dist loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.spark,
+              pytest.mark.xdist_group("switch_readers")]
 SWITCH_HELD = "switch.before_commit"
+JOB = "pageview_counts"
+
+
+@pytest.fixture(scope="module")
+def deployed(stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    """(settings, service): v1 and v2 caught up on a topic that receives nothing more, each
+    validated against the other, and the job's own alias serving v1 (bench.switch.prepare).
+    A test that switches another alias promotes it first."""
+    from orchestrator.service import Orchestrator
+
+    from integration.helpers import stop_drivers
+
+    tag = uuid.uuid4().hex[:8]
+    tmp = tmp_path_factory.mktemp("switch_readers")
+    settings = settings_for(stack, tmp / "state", serving_schema=f"serving_{tag}")
+    service = Orchestrator(settings)
+    try:
+        topic = f"pageviews_{tag}"
+        service.produce_sample(topic, 20_000, seed=121)
+        for version in ("v1", "v2"):
+            service.deploy(job_file(tmp, version, topic))
+        prepare(service, JOB)
+        yield settings, service
+    finally:
+        stop_drivers(service)
 
 
 @contextmanager
@@ -78,16 +107,10 @@ def lock_waits_on(settings, relations: list[str]) -> Iterator[list[tuple]]:
         sampler.join(30)
 
 
-def test_readers_never_fail_stall_or_see_a_key_twice(service, settings, topic, tmp_path: Path,
+def test_readers_never_fail_stall_or_see_a_key_twice(deployed, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.service import Orchestrator
-
-    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
-    service = Orchestrator(settings)
-    service.produce_sample(topic, 20_000, seed=121)
-    for version in ("v1", "v2"):
-        service.deploy(job_file(tmp_path, version, topic))
-    prepare(service, "pageview_counts")
+    # The job's own alias (bench.switch switches no other), which the fixture made serve v1.
+    settings, service = deployed
     with service._switching() as board:  # the connection every switch of this service uses
         backend = board.conn.info.backend_pid
     watched = [f"{settings.serving_schema}.pageview_counts",
@@ -116,10 +139,12 @@ def test_readers_never_fail_stall_or_see_a_key_twice(service, settings, topic, t
                                                             switch)
     assert ddl == [], f"switches ran DDL: {ddl}"
     assert waits == [], f"lock waits on the alias or its tables: {waits[:10]}"
-    # The first promote, 50 switches and the three held while a reader held the alias.
-    assert [(h["action"], h["reason"]) for h in service.history("pageview_counts")[-3:]] == [
+    # The first promote, 50 switches and the three held while a reader held the alias (its
+    # own history: the other test switches another alias of the job).
+    history = service.history("pageview_counts", "pageview_counts")
+    assert [(h["action"], h["reason"]) for h in history[-3:]] == [
         ("ab", "held"), ("promote", "held"), ("rollback", "held")]
-    assert len(service.history("pageview_counts")) == 54
+    assert len(history) == 54
 
     # With fresh lag samples (as `kappa agent` keeps them), each kind of switch makes two round
     # trips to PostgreSQL: the alias locked with every fact its gates need, then the write
@@ -129,8 +154,8 @@ def test_readers_never_fail_stall_or_see_a_key_twice(service, settings, topic, t
                    lambda: service.promote("pageview_counts", "v2", reason="round trips"),
                    lambda: service.rollback("pageview_counts", reason="round trips")):
         assert _round_trips(service, switch) == 2
-    assert [h["action"] for h in service.history("pageview_counts")[-3:]] == [
-        "ab", "promote", "rollback"]
+    assert [h["action"] for h in service.history("pageview_counts", "pageview_counts")[-3:]] \
+        == ["ab", "promote", "rollback"]
 
 
 def _round_trips(service, switch) -> int:
@@ -212,30 +237,25 @@ def _switch_held_while_a_reader_holds_the_alias(settings, backend: int, release:
     assert not worker.is_alive() and failed == [], failed
 
 
-def test_kill_9_mid_switch_leaves_alias_and_history_consistent(service, settings, topic,
-                                                               tmp_path: Path) -> None:
+def test_kill_9_mid_switch_leaves_alias_and_history_consistent(deployed) -> None:
     import os
     import signal
     import subprocess
 
-    from orchestrator.service import Orchestrator
-
     from conftest import kappa_cli, wait_until
     from integration.helpers import reap
 
-    settings = replace(settings, serving_schema=f"serving_{uuid.uuid4().hex[:8]}")
-    service = Orchestrator(settings)
-    service.produce_sample(topic, 5_000, seed=131)
-    for version in ("v1", "v2"):
-        service.deploy(job_file(tmp_path, version, topic))
-    prepare(service, "pageview_counts")
+    settings, service = deployed
+    # An alias of the test's own, serving v1 as the fixture's does.
+    alias = "killed_mid_switch"
+    service.promote(JOB, "v1", alias, force=True, reason="start on v1")
     aliases = sql.SQL("{}.aliases").format(sql.Identifier(settings.catalog_schema))
 
     def routing() -> tuple:
         with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
             return conn.execute(sql.SQL(
                 "SELECT primary_version, candidate_version, percent FROM {} WHERE name = %s")
-                .format(aliases), ("pageview_counts",)).fetchone()
+                .format(aliases), (alias,)).fetchone()
 
     env = dict(os.environ, **settings.driver_environment())
     exe = str(Path(sys.executable).with_name("kappa"))
@@ -243,9 +263,9 @@ def test_kill_9_mid_switch_leaves_alias_and_history_consistent(service, settings
     with psycopg.connect(settings.pg_dsn) as holder, \
             psycopg.connect(settings.pg_dsn, autocommit=True) as watcher:
         holder.execute(sql.SQL("SELECT 1 FROM {} WHERE name = %s FOR UPDATE").format(aliases),
-                       ("pageview_counts",))
-        cli = subprocess.Popen([exe, "promote", "pageview_counts", "v2"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       (alias,))
+        cli = subprocess.Popen([exe, "promote", "pageview_counts", "v2", "--alias", alias],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             # (A separate autocommit connection: pg_stat_activity is frozen within a transaction.)
             # Waiting on this holder's lock, not any kappa's: other tests share the server.
@@ -258,20 +278,20 @@ def test_kill_9_mid_switch_leaves_alias_and_history_consistent(service, settings
             cli.wait()
         holder.rollback()
     assert routing() == ("v1", None, 0)
-    assert [h["action"] for h in service.history("pageview_counts")] == ["promote"]
+    assert [h["action"] for h in service.history("pageview_counts", alias)] == ["promote"]
 
     # Two promotes at once: one switches, the other finds it done; history tells exactly that.
     both: list[subprocess.Popen[str]] = []
     try:
         for _ in range(2):
-            both.append(subprocess.Popen([exe, "promote", "pageview_counts", "v2"], env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True))
+            both.append(subprocess.Popen([exe, "promote", "pageview_counts", "v2", "--alias",
+                                          alias], env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True))
         results = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in both]
     finally:
         reap(*both)
     assert sorted(code for code, _ in results) == [0, 1]
     assert any("already serves v2" in err for _, err in results)
     assert routing() == ("v2", None, 0)
-    assert [h["to"] for h in service.history("pageview_counts")] == ["v1", "v2"]
-    assert kappa_cli(settings, "history", "pageview_counts").returncode == 0
+    assert [h["to"] for h in service.history("pageview_counts", alias)] == ["v1", "v2"]
+    assert kappa_cli(settings, "history", "pageview_counts", "--alias", alias).returncode == 0
