@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, env_of_a_user, wait_until
 from integration.observability import free_port
 
 BIN = Path(sys.executable).parent
@@ -33,8 +33,8 @@ def airflow_env(settings: Any, home: Path, project: Path) -> dict[str, str]:
     host, port = settings.kafka_bootstrap.rsplit(":", 1)
     kappa = {k: v for k, v in settings.driver_environment().items()
              if k not in ("KAPPA_PG_DSN", "KAPPA_KAFKA_BOOTSTRAP")}
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KAPPA_", "AIRFLOW", "PYTEST"))}
+    # The driver start log stays: the drivers that Airflow's tasks start count for the test.
+    env = {k: v for k, v in env_of_a_user().items() if not k.startswith(("AIRFLOW", "PYTEST"))}
     env.update(kappa)
     env.update({
         "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
