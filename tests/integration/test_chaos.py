@@ -102,6 +102,7 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
                     _ride_out_broker_outage(settings, service)
                 finally:
                     broker.resume()
+                _goes_on(service)
             _exact(settings, service, topic, f"round {round_}: more records"
                    + (", broker suspended" if round_ == 0 else ""))
 
@@ -116,6 +117,19 @@ def test_postgres_restarts_broker_pauses_and_kills_mid_commit_keep_the_output_ex
                        "the dead driver to be noticed")
             service.restart(JOB, "v1")
             _exact(settings, service, topic, f"round {round_}: driver killed mid-commit")
+
+
+def _goes_on(service) -> None:
+    """Wait for the driver to make progress again after the broker's outage, or to be caught
+    up. It may be sleeping out a retry's backoff (up to 30 s, spark/retries.py) when the broker
+    comes back, and then restarts its query: on a loaded machine that took over 30 s, and the
+    stall check of `wait` (no progress for 30 s) failed the test (CI, four workers)."""
+    def done(st) -> int:
+        return sum(o for ps in st.processed_offsets.values() for o in ps.values())
+
+    at_resume = done(service.version_status(JOB, "v1"))
+    wait_until(lambda: (st := service.version_status(JOB, "v1")).lag_records == 0
+               or done(st) > at_resume, 300, "the driver to go on after the broker's outage")
 
 
 def _ride_out_broker_outage(settings, service) -> None:
