@@ -28,6 +28,7 @@ from cpu_accounting import PROPERTY as CPU_PROPERTY  # noqa: E402
 from cpu_accounting import (  # noqa: E402
     CpuMeter,
     DriverStarts,
+    Span,
     figures_path,
     most_cpu_lines,
     run_figures,
@@ -46,6 +47,7 @@ _METER = CpuMeter()
 _KINDS = KindSampler(groups=run_groups())  # before xdist starts its workers
 _STARTS = DriverStarts()
 _RUN_BEGAN = time.monotonic()
+_SPANS = Span(time.time())
 # Opting out of the failure that a missing tool is: its tests are skipped and listed at the end.
 MISSING_TOOLS_VARIABLE = "KAPPA_TEST_MISSING_TOOLS"
 MISSING_TOOL = "missing tool: "  # how the reason of such a skip begins
@@ -322,6 +324,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+    node = getattr(report, "node", None)  # the xdist worker that ran it, in the controller
+    _SPANS.saw(report.nodeid, getattr(getattr(node, "gateway", None), "id", "main"),
+               report.start, report.stop)
     reason = skipped_for_a_missing_tool(report)
     if reason is not None:
         _SKIPPED_FOR_A_TOOL[report.nodeid] = reason
@@ -348,12 +353,15 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int) -> None:
     # What a change costs: CI's time follows the CPU once both cores are busy (#19, #59).
     figures = run_figures(wall_s=time.monotonic() - _RUN_BEGAN, seconds=_SECONDS,
                           cpu=_CPU_SECONDS, starts=_STARTS.counts(_SECONDS), kinds=kinds,
-                          exit_status=int(exitstatus))
+                          exit_status=int(exitstatus), spans=_SPANS.spans)
     path = figures_path(ROOT)
     write_figures(path, figures)
     section("per module: the 10 with most CPU, with their processes' (tests/cpu_accounting.py)")
     for line in slowest_modules_lines(figures, 10):
         write(line)
+    for worker, busy in figures["workers"].items():
+        write(f"{worker}: {busy['tests']} tests, busy {busy['busy_s']:.0f} s, idle for the last "
+              f"{busy['idle_at_the_end_s']:.0f} s")
     if _CPU_SECONDS:
         write("the tests with most CPU:")
         for line in most_cpu_lines(_CPU_SECONDS, 10):

@@ -146,12 +146,45 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", maxsplit=1)[0]
 
 
+class Span:
+    """Where and when each test ran: its worker, and the run's seconds at which its setup began
+    and its teardown ended."""
+
+    def __init__(self, began_epoch: float) -> None:
+        self._began = began_epoch
+        self.spans: dict[str, tuple[str, float, float]] = {}
+
+    def saw(self, nodeid: str, worker: str, start_epoch: float, stop_epoch: float) -> None:
+        _, began, ended = self.spans.get(nodeid, (worker, start_epoch - self._began, 0.0))
+        self.spans[nodeid] = (worker, min(began, start_epoch - self._began),
+                              max(ended, stop_epoch - self._began))
+
+
+def workers_of(spans: Mapping[str, tuple[str, float, float]], wall_s: float
+               ) -> dict[str, dict[str, float | int]]:
+    """Per worker: its tests, its busy seconds, and when its last test ended. A worker idle long
+    before the run's end is a tail: a long test that started too late."""
+    workers: dict[str, dict[str, float | int]] = {}
+    for worker, began, ended in spans.values():
+        figures = workers.setdefault(worker, {"tests": 0, "busy_s": 0.0, "last_ended_s": 0.0})
+        figures["tests"] += 1
+        figures["busy_s"] += ended - began
+        figures["last_ended_s"] = max(figures["last_ended_s"], ended)
+    return {worker: {**figures, "busy_s": round(figures["busy_s"], 1),
+                     "last_ended_s": round(figures["last_ended_s"], 1),
+                     "idle_at_the_end_s": round(wall_s - figures["last_ended_s"], 1)}
+            for worker, figures in sorted(workers.items())}
+
+
 def run_figures(*, wall_s: float, seconds: Mapping[str, float], cpu: Mapping[str, float],
                 starts: Mapping[str, Mapping[str, int]], kinds: Mapping[str, float] | None,
-                exit_status: int) -> dict[str, Any]:
+                exit_status: int, spans: Mapping[str, tuple[str, float, float]] | None = None
+                ) -> dict[str, Any]:
     """The run's figures per module (``seconds``, ``cpu`` and ``starts`` are per test). A
     module's wall is its tests' summed setup, call and teardown: on several workers they overlap,
-    so the run's own wall time is given apart."""
+    so the run's own wall time is given apart. ``spans``: each test's worker, and when it began
+    and ended (Span)."""
+    spans = spans or {}
     modules: dict[str, dict[str, Any]] = {}
     for nodeid in {*seconds, *cpu, *starts} - {BETWEEN_TESTS}:
         module = modules.setdefault(module_of(nodeid), {
@@ -177,6 +210,7 @@ def run_figures(*, wall_s: float, seconds: Mapping[str, float], cpu: Mapping[str
             "total_s": round(sum(kinds.values()), 1),
             "per_kind": {kind: round(s, 1) for kind, s in sorted(kinds.items(),
                                                                   key=lambda kv: -kv[1])}},
+        "workers": workers_of(spans, wall_s),
         "modules": {name: {k: round(v, 1) if isinstance(v, float) else v for k, v in m.items()}
                     for name, m in sorted(modules.items())},
         # Each test's own, to find where a module's CPU goes.
@@ -184,7 +218,9 @@ def run_figures(*, wall_s: float, seconds: Mapping[str, float], cpu: Mapping[str
             "wall_s": round(seconds.get(nodeid, 0.0), 1),
             "cpu_s": round(cpu[nodeid], 1) if nodeid in cpu else None,
             "driver_starts": sum(n for kind, n in starts.get(nodeid, {}).items()
-                                 if kind in JVM_STARTS)}
+                                 if kind in JVM_STARTS),
+            **({"worker": spans[nodeid][0], "began_s": round(spans[nodeid][1], 1),
+                "ended_s": round(spans[nodeid][2], 1)} if nodeid in spans else {})}
             for nodeid in sorted({*seconds, *cpu, *starts} - {BETWEEN_TESTS})},
     }
 

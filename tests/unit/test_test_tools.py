@@ -14,6 +14,7 @@ from cpu_accounting import (
     BETWEEN_TESTS,
     STARTS_DIR_VARIABLE,
     DriverStarts,
+    Span,
     run_figures,
     slowest_modules_lines,
     write_figures,
@@ -107,9 +108,14 @@ def test_the_figures_per_module_and_the_table_of_the_slowest(tmp_path: Path) -> 
            "tests/c.py::t": 0.5}
     starts = {"tests/a.py::t1": {"cold": 2, "spare": 1, "adopted": 1},
               BETWEEN_TESTS: {"spare": 1}}
+    span = Span(began_epoch=1000.0)
+    span.saw("tests/a.py::t1", "gw0", 1000.5, 1002.0)  # setup
+    span.saw("tests/a.py::t1", "gw0", 1002.0, 1010.5)  # call, then teardown
+    span.saw("tests/a.py::t1", "gw0", 1010.5, 1011.0)
+    span.saw("tests/b.py::t", "gw1", 1001.0, 1041.0)
     figures = run_figures(wall_s=61.04, seconds=seconds, cpu=cpu, starts=starts,
                           kinds={"Spark drivers and spares (JVM)": 40.0, "PostgreSQL": 18.5},
-                          exit_status=0)
+                          exit_status=0, spans=span.spans)
     assert figures["modules"]["tests/a.py"] == {
         "tests": 2, "wall_s": 15.0, "cpu_s": 50.0, "driver_starts": 3, "cold_starts": 2,
         "spare_starts": 1, "adopted": 1}
@@ -117,7 +123,13 @@ def test_the_figures_per_module_and_the_table_of_the_slowest(tmp_path: Path) -> 
     assert (figures["wall_s"], figures["test_wall_s"], figures["cpu_s"]) == (61.0, 56.0, 58.5)
     assert figures["driver_starts"] == 4  # the spare started between tests too
     assert figures["tests"]["tests/a.py::t1"] == {"wall_s": 10.0, "cpu_s": 30.0,
-                                                  "driver_starts": 3}
+                                                  "driver_starts": 3, "worker": "gw0",
+                                                  "began_s": 0.5, "ended_s": 11.0}
+    assert "worker" not in figures["tests"]["tests/c.py::t"]  # not seen: no span made up
+    # gw1 ran its one test to 41 s of a 61 s run: idle for its last 20 s.
+    assert figures["workers"] == {
+        "gw0": {"tests": 1, "busy_s": 10.5, "last_ended_s": 11.0, "idle_at_the_end_s": 50.0},
+        "gw1": {"tests": 1, "busy_s": 40.0, "last_ended_s": 41.0, "idle_at_the_end_s": 20.0}}
     assert BETWEEN_TESTS not in figures["tests"]
     assert figures["cpu_kinds"] == {"total_s": 58.5, "per_kind": {
         "Spark drivers and spares (JVM)": 40.0, "PostgreSQL": 18.5}}
