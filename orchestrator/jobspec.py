@@ -16,11 +16,11 @@ from typing import Any
 from orchestrator.errors import JobFileError
 from orchestrator.models import (
     DELETE_COLUMN,
-    KAFKA_COLUMNS,
     MERGE_RULES,
     MODES,
     OUTPUT_MODES,
     OUTPUT_TYPES,
+    RESERVED_FIELDS,
     TOMBSTONE_RULES,
     JobSpec,
     TopicInput,
@@ -248,10 +248,11 @@ def _schema(raw: Any, what: str, where: str) -> Struct:
         message = str(exc)
         raise JobFileError(message if message.startswith(where) else f"{where}: {message}") \
             from exc
-    clashes = [f for f, _ in schema.fields if f.lower() in KAFKA_COLUMNS]
+    clashes = [f for f, _ in schema.fields if f.lower() in RESERVED_FIELDS]
     if clashes:
-        raise JobFileError(f"{where}: {what} declares {clashes}, names that the Kafka metadata "
-                           "columns use: rename the field(s)")
+        raise JobFileError(f"{where}: {what} declares {', '.join(map(repr, clashes))}, reserved "
+                           "for the Kafka metadata and decoded segments' dead-letter columns "
+                           f"({', '.join(RESERVED_FIELDS)}): rename the field(s)")
     return schema
 
 

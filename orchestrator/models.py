@@ -22,6 +22,13 @@ TOMBSTONE_RULES = ("dead_letter", "pass")
 # Columns every events DataFrame carries beside the declared fields.
 KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
                  "kafka_key", "kafka_headers")
+# Columns a decoded segment holds beside the fields: whether the record is a dead letter, and a
+# dead letter's reason, and its key and value as the log held them.
+DEAD, DEAD_REASON, DEAD_KEY, DEAD_VALUE = "_dead", "_dead_reason", "_dead_key", "_dead_value"
+# The one list of names that an event field cannot take (compared case-insensitively, as Spark
+# resolves columns): a field of such a name would make the decode, or every read of its
+# segments, fail on a duplicate column.
+RESERVED_FIELDS = (*KAFKA_COLUMNS, DEAD, DEAD_REASON, DEAD_KEY, DEAD_VALUE)
 DELETE_COLUMN = "_delete"  # an upsert output row whose _delete is true deletes its key
 
 

@@ -28,7 +28,7 @@ from orchestrator.archive_model.decoding import (
 from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
-from orchestrator.models import DeployedVersion
+from orchestrator.models import DEAD, DeployedVersion
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.archive")
@@ -99,7 +99,7 @@ def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
     path = decoded_path(decoding.fingerprint, segment.lineage, segment.partition,
                         segment.first_offset, segment.end_offset)
     size = store.write_bytes(path, data)
-    dead = int(pa.compute.sum(table.column("_dead")).as_py() or 0)
+    dead = int(pa.compute.sum(table.column(DEAD)).as_py() or 0)
     return DecodedSegment(decoding.fingerprint, segment.lineage, segment.partition,
                           segment.first_offset, segment.end_offset, table.num_rows - dead, dead,
                           size, file_checksum(data), segment.checksum, path), table

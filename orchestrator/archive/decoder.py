@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from orchestrator.archive_model.decoding import DEAD_KEY, DEAD_REASON, DEAD_VALUE, Decoding
+from orchestrator.archive_model.decoding import Decoding
+from orchestrator.models import DEAD, DEAD_KEY, DEAD_REASON, DEAD_VALUE
 from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
 from orchestrator.spark.read.arrow import arrow_fields
@@ -28,7 +29,6 @@ __all__ = ["decode", "decoded_schema", "parsed_chunks", "read_columns", "rows_sc
 
 _DEAD_COLUMNS = (pa.field(DEAD_REASON, pa.string()), pa.field(DEAD_KEY, pa.binary()),
                  pa.field(DEAD_VALUE, pa.binary()))
-_DEAD = "_dead"  # true on a dead letter's row
 
 
 def rows_schema(decoding: Decoding) -> pa.Schema:
@@ -40,7 +40,7 @@ def decoded_schema(decoding: Decoding) -> pa.Schema:
     """A decoded segment's columns: the rows' without the topic (the lineage's name), then
     whether the record is a dead letter and, if so, its reason, key and value."""
     kept = list(rows_schema(decoding))[1:]
-    return pa.schema([*kept, pa.field(_DEAD, pa.bool_(), False), *_DEAD_COLUMNS])
+    return pa.schema([*kept, pa.field(DEAD, pa.bool_(), False), *_DEAD_COLUMNS])
 
 
 def parsed_chunks(table: pa.Table, decoding: Decoding, topic: str, partition: int,
@@ -79,7 +79,7 @@ def decode(raw: pa.Table, decoding: Decoding, topic: str, partition: int) -> pa.
     for batch, dead in parsed_chunks(raw, decoding, topic, partition):
         rows = pa.Table.from_batches([batch]).drop_columns(["kafka_topic"])
         n = rows.num_rows
-        rows = rows.append_column(schema.field(_DEAD), pa.array(np.zeros(n, bool)))
+        rows = rows.append_column(schema.field(DEAD), pa.array(np.zeros(n, bool)))
         for field in _DEAD_COLUMNS:
             rows = rows.append_column(field, pa.nulls(n, field.type))
         parts.append(rows)
@@ -98,7 +98,7 @@ def _dead_table(dead: list[DeadRecord], partition: int, schema: pa.Schema) -> pa
         "kafka_offset": pa.array(offsets, pa.int64()),
         "kafka_timestamp": pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
         .cast(pa.timestamp("us", tz="UTC")),
-        _DEAD: pa.array(np.ones(n, bool)),
+        DEAD: pa.array(np.ones(n, bool)),
         DEAD_REASON: pa.array(errors, pa.string()),
         DEAD_KEY: pa.array(keys, pa.binary()),
         DEAD_VALUE: pa.array(values, pa.binary()),
@@ -111,7 +111,7 @@ def read_columns(schema: pa.Schema) -> list[str]:
     ``schema``."""
     return [*(n for n in schema.names if n != "kafka_topic"
               and n not in ("kafka_offset", "kafka_timestamp")),
-            "kafka_offset", "kafka_timestamp", _DEAD, *(f.name for f in _DEAD_COLUMNS)]
+            "kafka_offset", "kafka_timestamp", DEAD, *(f.name for f in _DEAD_COLUMNS)]
 
 
 def split_decoded(table: pa.Table, topic: str, start: int, end: int, schema: pa.Schema
@@ -121,7 +121,7 @@ def split_decoded(table: pa.Table, topic: str, start: int, end: int, schema: pa.
     offsets = table.column("kafka_offset").to_numpy()
     lo, hi = (int(i) for i in offsets.searchsorted([start, end]))
     part = table.slice(lo, hi - lo)
-    dead_mask = part.column(_DEAD)
+    dead_mask = part.column(DEAD)
     dead: list[DeadRecord] = []
     if pc.any(dead_mask).as_py():
         letters = part.filter(dead_mask)

@@ -20,9 +20,6 @@ from orchestrator.models import TopicInput
 # error's words, a column's type): segments of an older decoder are then never read.
 DECODER_VERSION = 1
 DECODED_DIRECTORY = "decoded"
-# The columns a decoded segment adds to the rows: a dead letter's reason (null on a row), and
-# its key and value as the log held them.
-DEAD_REASON, DEAD_KEY, DEAD_VALUE = "_dead_reason", "_dead_key", "_dead_value"
 # The Kafka metadata a decoding keeps beside the fields. Both always, for now: a version's
 # pruned columns are known only once its driver plans its query, and the archiver decodes
 # before that. A narrower decoding is another fingerprint, so this can change without harm.

@@ -154,6 +154,19 @@ def test_bad_job_files_get_one_line_errors(source: str, message: str) -> None:
     assert message in text and "\n" not in text
 
 
+@pytest.mark.parametrize("field", ["kafka_offset", "Kafka_Key", "_dead", "_dead_reason",
+                                   "_dead_key", "_DEAD_VALUE"])
+def test_an_event_field_with_a_reserved_name_is_refused_naming_it(field: str) -> None:
+    """Every events DataFrame carries the Kafka metadata columns, and a decoded segment the dead
+    letters' columns, beside the fields: a field of the same name would make the decode or
+    every read of its segments fail (#60)."""
+    source = _GOOD.replace('"duration_ms": "long"}', f'"duration_ms": "long", "{field}": "long"}}')
+    with pytest.raises(JobFileError) as info:
+        parse_job_source(source, "job.py")
+    text = str(info.value)
+    assert f"'{field}'" in text and "rename" in text and "\n" not in text
+
+
 def test_missing_job_file(tmp_path: Path) -> None:
     with pytest.raises(JobFileError, match="does not exist"):
         load_job_file(tmp_path / "nope.py")

@@ -27,16 +27,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from orchestrator.archive.coverage import ReadTask, read_tasks
-from orchestrator.archive_model.decoding import DEAD_KEY, DEAD_REASON, DEAD_VALUE
 from orchestrator.archive_model.segments import ArchiveError
 from orchestrator.lag import chunk_size
-from orchestrator.models import Offsets
+from orchestrator.models import DEAD, DEAD_KEY, DEAD_REASON, DEAD_VALUE, Offsets
 from orchestrator.schema import parse_ddl
 
 log = logging.getLogger("kappa.driver")
 RANGES_SOURCE = "kappa_ranges"
 _RECHECK_S = 10.0
-_DEAD_COLUMNS = ["kafka_offset", "kafka_timestamp", "_dead", DEAD_REASON, DEAD_KEY, DEAD_VALUE]
+_DEAD_COLUMNS = ["kafka_offset", "kafka_timestamp", DEAD, DEAD_REASON, DEAD_KEY, DEAD_VALUE]
 
 
 def jvm_root(root: str | None) -> str | None:
@@ -157,7 +156,7 @@ class SinkReads:
 
         def frame() -> Any:
             return spark.read.schema(_decoded_ddl(event)).parquet(*files).where(
-                f"NOT _dead AND ({where})").select(
+                f"NOT {DEAD} AND ({where})").select(
                 *(F.lit(topic).alias(f.name) if f.name == "kafka_topic" else F.col(f.name)
                   for f in schema.fields))
 
@@ -200,7 +199,7 @@ class SinkReads:
         store = ParquetStore(root)
 
         def dead(table: pa.Table) -> pa.Table:
-            return table.filter(table.column("_dead"))  # at once: the rest is 3 MB a file
+            return table.filter(table.column(DEAD))  # at once: the rest is 3 MB a file
 
         def check(path: str | None) -> pa.Table | None:
             assert path is not None and wanted[path] is not None
@@ -278,7 +277,7 @@ def _decoded_ddl(event_ddl: str) -> str:
     return ", ".join(["`kafka_partition` int", "`kafka_offset` bigint",
                       "`kafka_timestamp` timestamp", "`kafka_key` string",
                       "`kafka_headers` array<struct<key:string,value:binary>>", event_ddl,
-                      "`_dead` boolean", f"`{DEAD_REASON}` string", f"`{DEAD_KEY}` binary",
+                      f"`{DEAD}` boolean", f"`{DEAD_REASON}` string", f"`{DEAD_KEY}` binary",
                       f"`{DEAD_VALUE}` binary"])
 
 
