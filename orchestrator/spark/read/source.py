@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from orchestrator.archive.coverage import SegmentRef, read_tasks, spans
-from orchestrator.archive_model.decoding import Decoding
+from orchestrator.archive_model.decoding import Decoding, decoder_digest
 from orchestrator.archive_model.held import readable_bounds
 from orchestrator.errors import LogChangedError
 from orchestrator.kafka.endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
@@ -83,6 +83,9 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
         # Where the archive holds the segments decoded under this source's decoding, read them
         # with no parse (archive_model/decoding.py).
         "decoded": "true" if decoded else "",
+        # The parser's digest, taken where the driver's files are: an executor may import the
+        # orchestrator from a zip, whose files it cannot read.
+        "decoder": decoder_digest(),
         # The columns the job reads (pruning.py), in the source's order; none: every column.
         "columns": json.dumps(columns),
     }
@@ -91,7 +94,7 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
 def source_decoding(options: Mapping[str, str]) -> Decoding:
     """The decoding of the source's records: what decides a row or a dead letter."""
     return Decoding(options["schema"], tuple(sorted(json.loads(options["non_negative"]))),
-                    options["tombstones"])
+                    options["tombstones"], decoder=options["decoder"])
 
 
 def declared_columns(options: Mapping[str, str]) -> tuple[str, ...] | None:
