@@ -19,7 +19,7 @@ from typing import cast
 
 import psycopg
 
-from orchestrator.archive.decode_pass import decode_pending
+from orchestrator.archive.decode_pass import Use, decode_pending
 from orchestrator.archive.deletions import end_deleted_lineages
 from orchestrator.archive.end_watch import LogEndWatch, WatchedLog
 from orchestrator.archive.parquet_store import ParquetStore
@@ -362,11 +362,28 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
 def _decode(conn: psycopg.Connection, settings: Settings, store: ParquetStore,
             topics: Sequence[str], on_decoded: Callable[[DecodedSegment], None], *,
             once: bool) -> None:
-    """Decode what the pass archived; a segment that cannot be decoded stops the decoding, not
-    the archiving (replays parse its raw segment meanwhile), unless this is a single pass."""
-    try:
+    """Decode what the pass archived. A single pass stops on any error. In a continuous
+    archiver, an error of any kind but an outage stops that topic's decoding only, not the
+    archiving nor the other topics' decoding (replays parse its raw segments meanwhile): it is
+    kept in archive_errors, which `kappa archive status` shows, and tried again every pass."""
+    if once:
         decode_pending(conn, settings.catalog_schema, store, topics, on_decoded)
-    except ArchiveError as exc:
-        if once:
-            raise
-        log.warning("decoding stopped: %s; replays parse the raw segments meanwhile", exc)
+        return
+    failed: dict[str, str] = {}
+
+    def keep(use: Use, exc: Exception) -> None:
+        if _is_outage(exc):
+            raise exc
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        failed.setdefault(use.lineage.topic, reason)
+
+    decode_pending(conn, settings.catalog_schema, store, topics, on_decoded, keep)
+    with conn.transaction():
+        manifest.clear_errors(conn, settings.catalog_schema,
+                              [t for t in topics if t not in failed], manifest.DECODING)
+        new = [t for t, reason in failed.items() if manifest.note_error(
+            conn, settings.catalog_schema, t, reason, manifest.DECODING)]
+    for topic in new:  # once per error, not once a pass
+        log.warning("%s: its decoding stopped (%s); replays parse its raw segments meanwhile, "
+                    "and every pass tries it again (`kappa archive status` shows it until it "
+                    "passes)", topic, failed[topic])

@@ -28,6 +28,7 @@ from orchestrator.archive_model.decoding import (
 from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
+from orchestrator.failpoints import fail_point
 from orchestrator.models import DEAD, DeployedVersion
 from orchestrator.states import RunState
 
@@ -90,6 +91,7 @@ def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
     place; the caller records the row."""
     from orchestrator.archive.table_checksum import table_checksum
 
+    fail_point("archive.decode")
     raw = store.read_table(segment.path)
     if raw.num_rows != segment.records or table_checksum(raw) != segment.checksum:
         raise ArchiveError(f"segment {store.location(segment.path)} differs from the archive's "
@@ -128,9 +130,12 @@ def rebuild(conn: psycopg.Connection, schema: str, store: ParquetStore, path: st
 
 def decode_pending(conn: psycopg.Connection, schema: str, store: ParquetStore,
                    topics: Sequence[str] | None = None,
-                   on_decoded: Callable[[DecodedSegment], None] = lambda _: None
+                   on_decoded: Callable[[DecodedSegment], None] = lambda _: None,
+                   on_error: Callable[[Use, Exception], None] | None = None
                    ) -> list[DecodedSegment]:
-    """Decode every raw segment that a use lacks (of ``topics``, or all); returns them."""
+    """Decode every raw segment that a use lacks (of ``topics``, or all); returns them. An error
+    stops the pass, unless ``on_error`` takes it (it may raise it): then it stops that use's
+    decoding only, and the other uses go on."""
     with conn.transaction():
         wanted = [u for u in uses(conn, schema) if topics is None or u.lineage.topic in topics]
     written: list[DecodedSegment] = []
@@ -151,6 +156,10 @@ def decode_pending(conn: psycopg.Connection, schema: str, store: ParquetStore,
                     decoded_manifest.record(conn, schema, decoded)
                 written.append(decoded)
                 on_decoded(decoded)
+        except Exception as exc:
+            if on_error is None or conn.broken:
+                raise
+            on_error(use, exc)
         finally:
             if not conn.closed and not conn.broken:
                 conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",

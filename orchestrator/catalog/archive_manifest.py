@@ -245,25 +245,36 @@ def held_spans(conn: psycopg.Connection, schema: str, identity: LogIdentity | No
     return held
 
 
-def note_error(conn: psycopg.Connection, schema: str, topic: str, error: str) -> bool:
-    """A pass stopped on ``topic`` with ``error``; whether that error is new for it."""
-    before = conn.execute(sql.SQL("SELECT error FROM {} WHERE topic = %s FOR UPDATE").format(
-        qualified(schema, "archive_errors")), (topic,)).fetchone()
-    conn.execute(sql.SQL("INSERT INTO {} (topic, error) VALUES (%s, %s) ON CONFLICT (topic) DO "
-                         "UPDATE SET error = EXCLUDED.error, seen_at = now()").format(
-        qualified(schema, "archive_errors")), (topic, error))
+# The stages of a continuous archiver's pass whose errors stop one topic's part of it.
+ARCHIVING, DECODING = "archive", "decode"
+
+
+def note_error(conn: psycopg.Connection, schema: str, topic: str, error: str,
+               stage: str = ARCHIVING) -> bool:
+    """A pass's ``stage`` stopped on ``topic`` with ``error``; whether that error is new."""
+    before = conn.execute(sql.SQL("SELECT error FROM {} WHERE topic = %s AND stage = %s FOR "
+                                  "UPDATE").format(qualified(schema, "archive_errors")),
+                          (topic, stage)).fetchone()
+    conn.execute(sql.SQL("INSERT INTO {} (topic, stage, error) VALUES (%s, %s, %s) ON CONFLICT "
+                         "(topic, stage) DO UPDATE SET error = EXCLUDED.error, seen_at = now()")
+                 .format(qualified(schema, "archive_errors")), (topic, stage, error))
     return before is None or before[0] != error
 
 
-def clear_errors(conn: psycopg.Connection, schema: str, topics: Sequence[str]) -> None:
-    """A pass archived ``topics``: their errors are over."""
+def clear_errors(conn: psycopg.Connection, schema: str, topics: Sequence[str],
+                 stage: str = ARCHIVING) -> None:
+    """A pass's ``stage`` went through for ``topics``: their errors of that stage are over."""
     if topics:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s)").format(
-            qualified(schema, "archive_errors")), (list(topics),))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s) AND stage = %s").format(
+            qualified(schema, "archive_errors")), (list(topics), stage))
 
 
 def errors(conn: psycopg.Connection, schema: str) -> dict[str, str]:
-    """{topic: the error that stops its archiver passes}."""
-    rows = conn.execute(sql.SQL("SELECT topic, error FROM {}").format(
-        qualified(schema, "archive_errors"))).fetchall()
-    return {str(topic): str(error) for topic, error in rows}
+    """{topic: the errors that stop its archiving or its decoding, in one line}."""
+    rows = conn.execute(sql.SQL("SELECT topic, stage, error FROM {} ORDER BY topic, stage")
+                        .format(qualified(schema, "archive_errors"))).fetchall()
+    found: dict[str, str] = {}
+    for topic, stage, error in rows:
+        said = f"decoding: {error}" if stage == DECODING else str(error)
+        found[str(topic)] = f"{found[topic]}; {said}" if topic in found else said
+    return found

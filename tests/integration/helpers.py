@@ -155,3 +155,18 @@ def test_seed(name: str) -> int:
 
 
 test_seed.__test__ = False  # type: ignore[attr-defined]  # a helper that pytest must not collect
+
+
+def archiver(settings: Any, topics: list[str], fail_points: str, released: Path | None = None,
+             *args: str) -> subprocess.Popen[str]:
+    """A `kappa archive run` of ``topics`` with ``fail_points`` set (KAPPA_FAIL_POINTS), whose
+    paused points a test releases in ``released``; stderr is piped, for its lines."""
+    import os
+    import sys
+
+    env = dict(os.environ, **settings.driver_environment(), KAPPA_FAIL_POINTS=fail_points)
+    if released is not None:
+        env["KAPPA_FAIL_POINTS_RELEASE"] = str(released)
+    kappa = str(Path(sys.executable).with_name("kappa"))
+    return subprocess.Popen([kappa, "archive", "run", *args, *topics], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import kappa_cli, wait_until
-from integration.helpers import reap
+from integration.helpers import archiver, reap
 
 pytestmark = [pytest.mark.integration]
 
@@ -345,10 +345,7 @@ def test_one_topics_error_stops_only_that_topic_and_the_archiver_runs_on(setting
     archives the other topic in the same pass, names the failed one in one line, and archives
     it on its next pass. It used to exit for good, and the embedded stack's archiver with it
     (#47, path 3)."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     from orchestrator.kafka.offsets import log_bounds
     from orchestrator.service import Orchestrator
@@ -362,11 +359,9 @@ def test_one_topics_error_stops_only_that_topic_and_the_archiver_runs_on(setting
             for name in (topic, second)}
     # The first topic's pass fails on 20 passes in a row (every other hit: each pass reaches
     # the point once per topic), then goes through.
-    env = dict(os.environ, **settings.driver_environment(),
-               KAPPA_FAIL_POINTS="archive.topic=" + "->".join(["1*raise", "1*off"] * 20))
-    kappa = str(Path(sys.executable).with_name("kappa"))
-    proc = subprocess.Popen([kappa, "archive", "run", "--interval", "0.2", topic, second],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = archiver(settings, [topic, second],
+                    "archive.topic=" + "->".join(["1*raise", "1*off"] * 20), None,
+                    "--interval", "0.2")
     try:
         def archived(name: str) -> bool:
             held = sum(s.end_offset - s.first_offset for s in _manifest(settings, name))

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from conftest import job_file, kappa_cli, wait_until
-from integration.helpers import assert_batches_tile_the_log, dead_letters, output, query
+from integration.helpers import (
+    archiver,
+    assert_batches_tile_the_log,
+    dead_letters,
+    output,
+    query,
+)
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -49,6 +55,60 @@ def _archived_offsets(settings, version: str) -> list[int | None]:
         settings, f"SELECT b.archived_offsets FROM {settings.catalog_schema}.batches b JOIN "
         f"{settings.catalog_schema}.job_versions v ON v.id = b.version_id WHERE v.job = %s AND "
         "v.version = %s ORDER BY b.batch_id", JOB, version)]
+
+
+def _status(settings, topic: str) -> list[dict]:
+    return [r for r in json.loads(kappa_cli(settings, "archive", "status", topic, "--json",
+                                            check=True).stdout) if r["topic"] == topic]
+
+
+def _decoding_fails_then_goes_on(settings, topic: str, tmp_path: Path, log_end: int) -> None:
+    """A decode that raises, whatever the error (the fail point archive.decode raises one that
+    is no ArchiveError), stops that topic's decoding only (#60): the continuous archiver archives
+    on to the log end, `kappa archive status` names the error, and every pass tries the decoding
+    again. It used to end the archiver."""
+    import signal
+
+    from orchestrator import failpoints
+    from orchestrator.catalog import archive_manifest
+    from orchestrator.catalog.db import connect
+
+    released = tmp_path / "released"
+    released.mkdir()
+    # Two passes fail; the third waits at the point, so that the error stays for the test to
+    # see, until it is released.
+    proc = archiver(settings, [topic], "archive.decode=2*raise->pause", released,
+                    "--interval", "0.2")
+    try:
+        def paused_after_two_failures() -> bool:
+            if proc.poll() is not None:
+                return True
+            with connect(settings.pg_dsn, autocommit=True) as conn:
+                seen = conn.execute(
+                    f"SELECT seen_at > since FROM {settings.catalog_schema}.archive_errors "
+                    "WHERE topic = %s", (topic,)).fetchone()
+                held = sum(s.end_offset - s.first_offset for s in archive_manifest.segments(
+                    conn, settings.catalog_schema) if s.lineage.topic == topic)
+            return bool(seen and seen[0]) and held >= log_end
+
+        wait_until(paused_after_two_failures, 120, "two passes to fail to decode")
+        assert proc.poll() is None, f"the archiver exited: {proc.stderr.read()}"  # type: ignore
+        errors = {r["error"] for r in _status(settings, topic)}
+        assert len(errors) == 1 and "fail point archive.decode" in str(errors), errors
+        assert "decod" in str(errors), errors
+        assert _decoded(settings, topic) == {}
+        failpoints.release(released, "archive.decode")
+        wait_until(lambda: proc.poll() is not None or (
+            len(_decoded(settings, topic)) == len(_segments(settings, topic))
+            and all(r["error"] is None for r in _status(settings, topic))), 120,
+            "the decoding to go through and its error to be cleared")
+        assert proc.poll() is None, f"the archiver exited: {proc.stderr.read()}"  # type: ignore
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    named = [line for line in err.splitlines() if "its decoding stopped" in line]
+    assert len(named) == 1 and "fail point archive.decode" in named[0], err  # not once a pass
 
 
 def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, topic: str,
@@ -88,8 +148,10 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         # The archiver decodes every segment under v1's decoding; v2 (the same decoding)
         # reads those, with no parse. One decoded file is damaged: it is rebuilt from its raw
         # segment, and one line names it. Another raw segment is damaged: v2 never reads it.
+        _decoding_fails_then_goes_on(settings, topic, tmp_path, sum(reference.log_end.values()))
         decoded = kappa_cli(settings, "archive", "run", "--once", topic)
         assert decoded.returncode == 0, decoded.stderr
+        assert all(r["error"] is None for r in _status(settings, topic))  # decoded: cleared
         segments = _segments(settings, topic)
         progress = json.loads(kappa_cli(settings, "archive", "decodings", "--json",
                                         check=True).stdout)
