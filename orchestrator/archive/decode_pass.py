@@ -153,6 +153,8 @@ def decode_pending(conn: psycopg.Connection, schema: str, store: ParquetStore,
             for segment in todo:
                 decoded, _ = decode_segment(store, segment, use.decoding)
                 with conn.transaction():
+                    # Again with its row: a prune may have forgotten the decoding meanwhile.
+                    decoded_manifest.register(conn, schema, use.decoding)
                     decoded_manifest.record(conn, schema, decoded)
                 written.append(decoded)
                 on_decoded(decoded)
@@ -202,12 +204,17 @@ def prune_unused(conn: psycopg.Connection, schema: str, store: ParquetStore, *,
                  dry_run: bool = False) -> list[DecodingProgress]:
     """Remove the decoded segments of each lineage that no version reads under their decoding
     any more (rows, then files); returns what was (with ``dry_run``: would be) removed."""
-    unused = [p for p in progress(conn, schema) if not p.in_use and p.decoded_segments]
+    found = progress(conn, schema)
+    unused = [p for p in found if not p.in_use and p.decoded_segments]
     if dry_run:
         return unused
+    # A decoding that a version reads on another lineage stays, even with no segment yet: a
+    # pass may be decoding its first one.
+    used = {p.decoding for p in found if p.in_use}
     for p in unused:
         with conn.transaction():
-            decoded_manifest.forget(conn, schema, p.decoding, p.root)
+            decoded_manifest.forget(conn, schema, p.decoding, p.root,
+                                    keep_decoding=p.decoding in used)
         store.remove_tree(f"{DECODED_DIRECTORY}/{p.decoding}/{p.topic}/{p.lineage}")
         log.info("removed %d decoded segments of %s (lineage %s, decoding %s): no version reads "
                  "them", p.decoded_segments, p.topic, p.lineage, p.decoding)

@@ -81,13 +81,16 @@ def record(conn: psycopg.Connection, schema: str, segment: DecodedSegment) -> No
          s.raw_checksum, s.path))
 
 
-def forget(conn: psycopg.Connection, schema: str, decoding: str, lineage: Lineage) -> int:
+def forget(conn: psycopg.Connection, schema: str, decoding: str, lineage: Lineage, *,
+           keep_decoding: bool = False) -> int:
     """Remove the rows of one decoding's segments of ``lineage``, and the decoding once it has
-    none left; returns how many rows there were."""
+    none left (unless ``keep_decoding``); returns how many rows there were."""
     removed = conn.execute(sql.SQL(
         "DELETE FROM {} WHERE decoding = %s AND cluster_id = %s AND topic = %s AND topic_id = %s")
         .format(qualified(schema, "archive_decoded")),
         (decoding, lineage.cluster_id, lineage.topic, lineage.topic_id)).rowcount
+    if keep_decoding:
+        return int(removed)
     conn.execute(sql.SQL("DELETE FROM {} d WHERE decoding = %s AND NOT EXISTS "
                          "(SELECT 1 FROM {} s WHERE s.decoding = d.decoding)").format(
         qualified(schema, "archive_decodings"), qualified(schema, "archive_decoded")),

@@ -113,7 +113,7 @@ def test_a_transactional_log_is_archived_offset_for_offset_across_crashes(
                            for r in waiting)
 
 
-def test_a_recreated_topic_starts_a_new_lineage(settings, topic: str) -> None:
+def test_a_recreated_topic_starts_a_new_lineage(settings, topic: str, monkeypatch) -> None:
     from confluent_kafka.admin import AdminClient
 
     from orchestrator.errors import KappaError
@@ -144,6 +144,50 @@ def test_a_recreated_topic_starts_a_new_lineage(settings, topic: str) -> None:
     assert sum(r["records"] for r in gone) == 2_000
     assert all(r["log_end"] is None and r["behind"] is None and r["lag_seconds"] is None
                and r["retention"] is None for r in gone)  # unknown, not 0
+    _a_prune_while_the_new_lineage_is_decoded(settings, topic, monkeypatch)
+
+
+def _a_prune_while_the_new_lineage_is_decoded(settings, topic: str, monkeypatch) -> None:
+    """A prune while a pass decodes the new lineage under a decoding whose old lineage no
+    version reads any more (#60): it removes the old lineage's decoded segments, never the
+    decoding that the pass records under. It used to forget the decoding, and the pass's next
+    record failed on a foreign key, which ended the archiver. Which lineage a version reads is
+    set here (decode_pass.uses), as a deploy of each would set it."""
+    from orchestrator.archive import decode_pass
+    from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.archive.readable import archive_root
+    from orchestrator.archive_model.decoding import Decoding
+    from orchestrator.catalog import decoded_manifest
+    from orchestrator.catalog.db import connect
+    from orchestrator.models import TopicInput
+
+    old, new = sorted({s.lineage for s in _manifest(settings, topic)},
+                      key=lambda lineage: -sum(s.records for s in _manifest(settings, topic)
+                                               if s.lineage == lineage))  # 2,000, then 500
+    decoding = Decoding.of(TopicInput(topic, "user_id bigint, url string, ts bigint, "
+                                             "duration_ms bigint", (), "dead_letter"))
+    store, schema = ParquetStore(archive_root(settings)), settings.catalog_schema
+    decode = decode_pass.decode_segment
+    pruned: list[object] = []
+
+    def pruning_first(*args: object) -> object:
+        if not pruned:  # the pass has registered the decoding and decodes its first segment
+            with connect(settings.pg_dsn, autocommit=True) as other:
+                pruned.extend(decode_pass.prune_unused(other, schema, store))
+        return decode(*args)  # type: ignore[arg-type]
+
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        monkeypatch.setattr(decode_pass, "uses", lambda *_: [decode_pass.Use(old, decoding)])
+        assert decode_pass.decode_pending(conn, schema, store, [topic])
+        monkeypatch.setattr(decode_pass, "uses", lambda *_: [decode_pass.Use(new, decoding)])
+        monkeypatch.setattr(decode_pass, "decode_segment", pruning_first)
+        written = decode_pass.decode_pending(conn, schema, store, [topic])
+        assert [(p.topic, p.decoded_segments) for p in pruned] == [  # type: ignore[attr-defined]
+            (topic, len([s for s in _manifest(settings, topic) if s.lineage == old]))]
+        assert {d.lineage for d in written} == {new}
+        assert {d.lineage for d in decoded_manifest.decoded(conn, schema)
+                if d.lineage.topic == topic} == {new}
+        assert decoding.fingerprint in decoded_manifest.decodings(conn, schema)
 
 
 def test_an_unwritable_archive_root_stops_with_one_line(settings, topic: str,
