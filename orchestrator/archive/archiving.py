@@ -26,15 +26,18 @@ def archive(catalog: CatalogAccess, topics: Sequence[str] = (), *, once: bool = 
                         stop=stop, all_topics=all_topics)
 
 
-def verify(catalog: CatalogAccess, topics: Sequence[str] = ()) -> Any:
+def verify(catalog: CatalogAccess, topics: Sequence[str] = (),
+           redecode_sample: int | None = None) -> Any:
     """Read every segment back against its checksum, and against the log where the broker
-    still holds it; an ArchiveError names the first segment that differs."""
+    still holds it; an ArchiveError names the first segment that differs. With
+    ``redecode_sample`` (0: all), decoded segments are decoded again and compared too."""
     from orchestrator.archive.archiver import Archiver
     from orchestrator.archive.verify import verify as verify_segments
 
     with catalog.connection() as conn:
         return verify_segments(Archiver(catalog.settings, conn,
-                                        catalog.settings.require_services()[1]), topics)
+                                        catalog.settings.require_services()[1]), topics,
+                               redecode_sample)
 
 
 def status(catalog: CatalogAccess, topics: Sequence[str] = ()) -> list[Any]:

@@ -85,10 +85,8 @@ def version_progress(conn: psycopg.Connection, schema: str, version: DeployedVer
     return found
 
 
-def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
-                   ) -> tuple[DecodedSegment, pa.Table]:
-    """Decode one raw segment (read and checked against its manifest row) and put the file in
-    place; the caller records the row."""
+def decoded_table(store: ParquetStore, segment: Segment, decoding: Decoding) -> pa.Table:
+    """One raw segment (read and checked against its manifest row), decoded."""
     from orchestrator.archive.table_checksum import table_checksum
 
     fail_point("archive.decode")
@@ -96,7 +94,13 @@ def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
     if raw.num_rows != segment.records or table_checksum(raw) != segment.checksum:
         raise ArchiveError(f"segment {store.location(segment.path)} differs from the archive's "
                            "manifest: run `kappa archive verify`, then restore it from a backup")
-    table = decode(raw, decoding, segment.lineage.topic, segment.partition)
+    return decode(raw, decoding, segment.lineage.topic, segment.partition)
+
+
+def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
+                   ) -> tuple[DecodedSegment, pa.Table]:
+    """Decode one raw segment and put the file in place; the caller records the row."""
+    table = decoded_table(store, segment, decoding)
     data = parquet_bytes(table, plain=("kafka_offset", "kafka_timestamp"))
     path = decoded_path(decoding.fingerprint, segment.lineage, segment.partition,
                         segment.first_offset, segment.end_offset)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from orchestrator.archive.archiver import Archiver, current_lineages, read_archived
 from orchestrator.archive.decode_pass import verify_decoded
+from orchestrator.archive.decoded_check import RedecodeReport, redecode
 from orchestrator.archive_model.segments import ArchiveError, first_difference, matches_manifest
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.kafka.admin import log_identity
@@ -21,11 +22,14 @@ class VerifyReport:
     records: int  # records compared with the log
     decoded: int = 0  # decoded segments checked against their checksum
     rebuilt: tuple[str, ...] = ()  # of those, the missing or bad ones, rebuilt
+    redecoded: RedecodeReport | None = None  # decoded again and compared, when asked
 
 
-def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
+def verify(archiver: Archiver, topics: Sequence[str], redecode_sample: int | None = None
+           ) -> VerifyReport:
     """Read every segment back; its checksum must be the manifest's, and where the broker
-    still holds its range (same lineage), its records must be the log's, field by field."""
+    still holds its range (same lineage), its records must be the log's, field by field. With
+    ``redecode_sample`` (0: all), decoded segments are also decoded again and compared."""
     with archiver.conn.transaction():
         segments = [s for s in manifest.segments(archiver.conn, archiver.schema)
                     if not topics or s.lineage.topic in topics]
@@ -58,4 +62,6 @@ def verify(archiver: Archiver, topics: Sequence[str]) -> VerifyReport:
         compared += 1
         records += len(archived)
     decoded, rebuilt = verify_decoded(archiver.conn, archiver.schema, archiver.store, topics)
-    return VerifyReport(len(segments), compared, records, decoded, tuple(rebuilt))
+    again = None if redecode_sample is None else redecode(
+        archiver.conn, archiver.schema, archiver.store, topics, redecode_sample)
+    return VerifyReport(len(segments), compared, records, decoded, tuple(rebuilt), again)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -25,6 +26,11 @@ def add_archive_parser(sub: Any) -> None:
         action.add_argument("topics", nargs="*", metavar="TOPIC",
                             help="the topics (default: every topic a deployed job reads)")
         action.add_argument("--json", action="store_true", help="print JSON, for scripts")
+        if name == "verify":
+            action.add_argument(
+                "--decoded", nargs="?", type=int, const=0, default=None, metavar="N",
+                help="also decode the decoded segments again from their raw segments and "
+                "compare them row for row: all of them, or N spread over them")
         if name == "run":
             action.add_argument("--once", action="store_true", help="one pass up to the log end")
             action.add_argument("--interval", type=float, default=5.0,
@@ -77,16 +83,27 @@ def run_archive(service: Any, args: argparse.Namespace) -> int:
                   "no decoded segments: deploy a version, then `kappa archive run`")
         return 0
     if args.action == "verify":
-        report = service.archive_verify(args.topics)
+        report = service.archive_verify(args.topics, args.decoded)
+        again = report.redecoded
         if args.json:
             print_json({"segments": report.segments, "compared_with_log": report.compared,
                         "records_compared": report.records, "decoded_segments": report.decoded,
-                        "decoded_rebuilt": list(report.rebuilt)})
+                        "decoded_rebuilt": list(report.rebuilt),
+                        "decoded_again": None if again is None else {
+                            "compared": again.compared, "other_code": again.other_code,
+                            "differed": list(again.differed)}})
         else:
             print(f"{report.segments:,} segments match their checksums; {report.compared:,} of "
                   f"them ({report.records:,} records) match the log the broker still holds; "
                   f"{report.decoded:,} decoded segments checked, {len(report.rebuilt):,} rebuilt")
-        return 0
+            if again is not None:
+                print(f"{again.compared:,} decoded segments decoded again and compared row for "
+                      f"row, {len(again.differed):,} differed; {again.other_code:,} of older "
+                      "parser code not compared")
+        for line in () if again is None else again.differed:
+            print(f"{line}: the decoder wrote what the parser does not make; report it",
+                  file=sys.stderr)
+        return 1 if again is not None and again.differed else 0
     if args.action == "restore":
         return _restore(service.archive_restore(args.topics), as_json=args.json)
     stopping = threading.Event()

@@ -11,6 +11,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import job_file, kappa_cli, wait_until
@@ -111,6 +113,50 @@ def _decoding_fails_then_goes_on(settings, topic: str, tmp_path: Path, log_end: 
     assert len(named) == 1 and "fail point archive.decode" in named[0], err  # not once a pass
 
 
+def _a_decoded_segment_that_lies_is_found_by_decoding_it_again(settings, topic: str) -> None:
+    """`kappa archive verify --decoded` decodes the decoded segments again from their raw
+    segments and compares them row for row (#60): one whose file matches its checksum but not
+    what the parser makes (here one value changed, and its checksum with it, as a decoder that
+    lied would have written it) is named, rebuilt, and the command fails."""
+    from orchestrator.archive.decoder import file_checksum
+    from orchestrator.archive.parquet_store import parquet_bytes
+    from orchestrator.archive.readable import archive_root
+    from orchestrator.catalog import decoded_manifest
+    from orchestrator.catalog.db import connect
+
+    def verify(*args: str) -> tuple[int, dict]:
+        done = kappa_cli(settings, "archive", "verify", topic, "--json", "--decoded", *args)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.returncode, {**json.loads(done.stdout)["decoded_again"],
+                                 "stderr": done.stderr}
+
+    with connect(settings.pg_dsn, autocommit=True) as conn:
+        held = [d for d in decoded_manifest.decoded(conn, settings.catalog_schema)
+                if d.lineage.topic == topic]
+        code, again = verify()
+        assert (code, again["compared"], again["differed"]) == (0, len(held), []), again
+        lying = held[-1]  # a sample of 2 takes the first and the last
+        path = Path(archive_root(settings)) / lying.path
+        table = pq.read_table(path)
+        urls = table.column("url").to_pylist()
+        row = next(n for n, url in enumerate(urls) if url is not None)
+        urls[row] = f"{urls[row]}/lied"
+        data = parquet_bytes(table.set_column(table.schema.get_field_index("url"), "url",
+                                              pa.array(urls, pa.string())),
+                             plain=("kafka_offset", "kafka_timestamp"))
+        path.write_bytes(data)
+        conn.execute(f"UPDATE {settings.catalog_schema}.archive_decoded SET checksum = %s "
+                     "WHERE path = %s", (file_checksum(data), lying.path))
+        offset = table.column("kafka_offset")[row].as_py()
+        code, again = verify("2")
+        assert (code, again["compared"], len(again["differed"])) == (1, 2, 1), again
+        assert lying.path in again["differed"][0] and "rebuilt" in again["differed"][0], again
+        assert f"column url at offset {offset}" in again["differed"][0], again
+        assert lying.path in again["stderr"] and "report it" in again["stderr"], again
+        code, again = verify()  # rebuilt as the parser makes it
+        assert (code, again["compared"], again["differed"]) == (0, len(held), []), again
+
+
 def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, topic: str,
                                                                     tmp_path: Path) -> None:
     from orchestrator.archive.readable import archive_root
@@ -153,6 +199,7 @@ def test_a_replay_reads_the_archive_below_its_end_and_kafka_past_it(settings, to
         assert decoded.returncode == 0, decoded.stderr
         assert all(r["error"] is None for r in _status(settings, topic))  # decoded: cleared
         segments = _segments(settings, topic)
+        _a_decoded_segment_that_lies_is_found_by_decoding_it_again(settings, topic)
         progress = json.loads(kappa_cli(settings, "archive", "decodings", "--json",
                                         check=True).stdout)
         mine = [p for p in progress if p["topic"] == topic]

@@ -58,3 +58,13 @@ def test_a_decoding_recorded_by_the_hand_kept_version_is_not_the_current_one() -
     assert old.fingerprint != current.fingerprint
     assert Decoding.from_json(current.to_json()) == current
     assert decoding_module.decoder_digest() == current.decoder
+
+
+def test_a_sample_of_decoded_segments_spreads_from_the_first_to_the_last() -> None:
+    from orchestrator.archive.decoded_check import spread
+
+    items = list(range(10))
+    assert spread(items, None) == spread(items, 0) == spread(items, 10) == items  # type: ignore[arg-type]
+    assert spread(items, 1) == [0]  # type: ignore[arg-type]
+    assert spread(items, 2) == [0, 9]  # type: ignore[arg-type]
+    assert spread(items, 4) == [0, 3, 6, 9]  # type: ignore[arg-type]
