@@ -3,7 +3,9 @@ output row, a dead letter or a gap, and the offsets read from the archive are co
 
 Read tasks stage what they found (``read_stage``: per range, the records and whether the
 archive served it) and the dead letters they read (``dead_letter_stage``); a task that ran twice
-staged its range twice, and DISTINCT ON keeps one.
+staged its range twice, and a batch retried with other cores or another ``chunk_records`` is cut
+into other tasks than its crashed attempt was: the commit counts a set of staged ranges that
+tiles the batch (``tiling``), so that every offset is counted once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,39 @@ class Reads:
 
 
 Range = tuple[str, int, int, int]  # topic, partition, first offset, end (exclusive)
+# A staged read task: its first offset, end, records, offsets the archive served, and of those
+# the ones its decoded segments served.
+Staged = tuple[int, int, int, int, int]
+
+
+def tiling(lo: int, hi: int, tasks: Sequence[Staged]) -> list[Staged]:
+    """Staged tasks that tile [lo, hi) with no overlap, where some do (each attempt's own tasks
+    do, once all of them staged); else as much of it as tasks that do not overlap cover. Offsets
+    are the nodes and tasks the edges: any path from ``lo`` to ``hi`` is a tiling."""
+    starting: dict[int, list[Staged]] = {}
+    for task in sorted(set(tasks)):
+        starting.setdefault(task[0], []).append(task)
+    came_by: dict[int, Staged] = {}
+    ahead = [lo]
+    while ahead and hi not in came_by:
+        for task in starting.get(ahead.pop(), []):
+            if task[1] not in came_by and task[1] != lo:
+                came_by[task[1]] = task
+                ahead.append(task[1])
+    exact: list[Staged] | None = None
+    if hi in came_by:
+        exact, at = [], hi
+        while at != lo:
+            exact.append(came_by[at])
+            at = came_by[at][0]
+        exact.reverse()
+    if exact is not None:
+        return exact
+    kept: list[Staged] = []
+    for task in sorted(set(tasks), key=lambda t: (t[0], -t[1])):
+        if not kept or task[0] >= kept[-1][1]:
+            kept.append(task)
+    return kept
 
 
 def ranges_of(start: Offsets, end: Offsets) -> list[Range]:
@@ -52,16 +87,21 @@ def count_reads(conn: psycopg.Connection, catalog_schema: str, version: Deployed
         return Reads(0, 0, 0)
     values, params = _values(ranges)
     stage = qualified(catalog_schema, "read_stage")
-    row = conn.execute(sql.SQL(
-        "SELECT sum(size), sum(size - records), sum(archived), sum(decoded) FROM ("
-        "SELECT DISTINCT ON (s.topic, s.partition, s.range_start) s.range_end - s.range_start "
-        "AS size, s.records, coalesce(s.archived_offsets, CASE WHEN s.archived "
-        "THEN s.range_end - s.range_start ELSE 0 END) AS archived, "
-        "coalesce(s.decoded_offsets, 0) AS decoded FROM {stage} s "
+    rows = conn.execute(sql.SQL(
+        "SELECT r.topic, r.partition, r.lo, r.hi, s.range_start, s.range_end, s.records, "
+        "coalesce(s.archived_offsets, CASE WHEN s.archived THEN s.range_end - s.range_start "
+        "ELSE 0 END), coalesce(s.decoded_offsets, 0) FROM {stage} s "
         "JOIN (VALUES {values}) r(topic, partition, lo, hi) ON s.topic = r.topic "
         "AND s.partition = r.partition AND s.range_start >= r.lo AND s.range_end <= r.hi "
-        "WHERE s.version_id = %s ORDER BY s.topic, s.partition, s.range_start) covered"
-    ).format(stage=stage, values=values), [*params, version.id]).fetchone()
+        "WHERE s.version_id = %s"
+    ).format(stage=stage, values=values), [*params, version.id]).fetchall()
+    staged: dict[Range, list[Staged]] = {}
+    for topic, partition, lo, hi, *task in rows:
+        staged.setdefault((topic, partition, lo, hi), []).append(tuple(task))  # type: ignore[arg-type]
+    counted = [task for (_, _, lo, hi), tasks in staged.items() for task in tiling(lo, hi, tasks)]
+    row = (sum(end - first for first, end, *_ in counted) if counted else None,
+           sum(end - first - records for first, end, records, *_ in counted),
+           sum(t[3] for t in counted), sum(t[4] for t in counted))
     conn.execute(sql.SQL(
         "DELETE FROM {stage} s USING (VALUES {values}) r(topic, partition, lo, hi) "
         "WHERE s.version_id = %s AND s.topic = r.topic AND s.partition = r.partition "
