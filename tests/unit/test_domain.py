@@ -167,6 +167,14 @@ def test_an_event_field_with_a_reserved_name_is_refused_naming_it(field: str) ->
     assert f"'{field}'" in text and "rename" in text and "\n" not in text
 
 
+def test_an_event_field_named_only_like_a_reserved_one_is_taken() -> None:
+    near = ("dead", "_deadline", "dead_reason", "Kafka_Offsets", "_dead_reasons")
+    source = _GOOD.replace('"duration_ms": "long"}', '"duration_ms": "long", ' + ", ".join(
+        f'"{name}": "long"' for name in near) + "}")
+    spec = parse_job_source(source, "job.py")
+    assert all(f"`{name}` bigint" in spec.inputs[0].schema for name in near), spec.inputs
+
+
 def test_missing_job_file(tmp_path: Path) -> None:
     with pytest.raises(JobFileError, match="does not exist"):
         load_job_file(tmp_path / "nope.py")
