@@ -218,7 +218,8 @@ def test_verify_reads_back_and_a_damaged_or_missing_segment_stops_with_one_line(
     assert json.loads(done.stdout) == {"segments": len(segments),
                                        "compared_with_log": len(segments),
                                        "records_compared": 3_000, "decoded_segments": 0,
-                                       "decoded_rebuilt": []}
+                                       "decoded_rebuilt": [],
+                                       "decoded_again": None}  # not asked (--decoded)
     root = settings.state_dir / "archive"
     first, second = segments[0], segments[1]
     (root / first.path).write_bytes((root / second.path).read_bytes())  # a valid file, wrong
