@@ -152,9 +152,8 @@ class Orchestrator:
         return archiving.archive(self.catalog, topics, once=once, interval_s=interval_s,
                                  on_segment=on_segment, stop=stop, all_topics=all_topics)
 
-    def archive_verify(self, topics: Sequence[str] = (), redecode_sample: int | None = None
-                       ) -> Any:
-        return archiving.verify(self.catalog, topics, redecode_sample)
+    def archive_verify(self, topics: Sequence[str] = (), redecode: int | None = None) -> Any:
+        return archiving.verify(self.catalog, topics, redecode)
 
     def archive_status(self, topics: Sequence[str] = ()) -> list[Any]:
         return archiving.status(self.catalog, topics)
