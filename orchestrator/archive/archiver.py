@@ -162,8 +162,7 @@ class Archiver:
                                                                                    topics)
 
     def _topic_failed(self, topic: str, exc: Exception) -> None:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        self.failed[topic] = reason
+        self.failed[topic] = _first_line(exc)
 
     def _partition(self, lineage: Lineage, seen: Lineage, partition: int, log_start: int,
                    log_end: int, on_segment: Callable[[Segment], None]) -> list[Segment]:
@@ -359,6 +358,12 @@ def run_archiver(settings: Settings, conn_factory: Callable[[], psycopg.Connecti
                 time.sleep(min(0.2, interval_s))
 
 
+def _first_line(exc: Exception) -> str:
+    """An error as archive_errors keeps it: its first line, or its type where it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _decode(conn: psycopg.Connection, settings: Settings, store: ParquetStore,
             topics: Sequence[str], on_decoded: Callable[[DecodedSegment], None], *,
             once: bool) -> None:
@@ -374,8 +379,7 @@ def _decode(conn: psycopg.Connection, settings: Settings, store: ParquetStore,
     def keep(use: Use, exc: Exception) -> None:
         if _is_outage(exc):
             raise exc
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        failed.setdefault(use.lineage.topic, reason)
+        failed.setdefault(use.lineage.topic, _first_line(exc))
 
     decode_pending(conn, settings.catalog_schema, store, topics, on_decoded, keep)
     with conn.transaction():

@@ -20,7 +20,7 @@ import pyarrow as pa
 from orchestrator.archive.decode_pass import decoded_table, read_decoded, rebuild
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive_model.decoding import DecodedSegment, decoder_digest
-from orchestrator.archive_model.segments import ArchiveError
+from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
 
@@ -71,14 +71,18 @@ def redecode(conn: psycopg.Connection, schema: str, store: ParquetStore,
                and decodings[d.decoding].decoder == decoder_digest()]
     differed = []
     chosen = spread(current, sample)
+    raw_segments: dict[tuple[Lineage, int], dict[int, Segment]] = {}
     for d in chosen:
-        with conn.transaction():
-            raw = [s for s in manifest.segments(conn, schema, d.lineage, d.partition)
-                   if s.first_offset == d.first_offset]
-        if not raw:
+        key = (d.lineage, d.partition)
+        if key not in raw_segments:  # one manifest read per partition, not per segment
+            with conn.transaction():
+                raw_segments[key] = {s.first_offset: s for s in manifest.segments(
+                    conn, schema, d.lineage, d.partition)}
+        raw = raw_segments[key].get(d.first_offset)
+        if raw is None:
             raise ArchiveError(f"decoded segment {store.location(d.path)} has no raw segment: "
                                "run `kappa archive verify`")
-        fresh = decoded_table(store, raw[0], decodings[d.decoding])
+        fresh = decoded_table(store, raw, decodings[d.decoding])
         stored = read_decoded(store, d.path, d.checksum)
         if fresh.equals(stored):
             continue

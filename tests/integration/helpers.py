@@ -158,9 +158,10 @@ test_seed.__test__ = False  # type: ignore[attr-defined]  # a helper that pytest
 
 
 def archiver(settings: Any, topics: list[str], fail_points: str, released: Path | None = None,
-             *args: str) -> subprocess.Popen[str]:
+             *args: str, stdout: int = subprocess.DEVNULL) -> subprocess.Popen[str]:
     """A `kappa archive run` of ``topics`` with ``fail_points`` set (KAPPA_FAIL_POINTS), whose
-    paused points a test releases in ``released``; stderr is piped, for its lines."""
+    paused points a test releases in ``released``; stderr is piped, for its lines, and stdout
+    where ``stdout`` asks for it."""
     import os
     import sys
 
@@ -169,4 +170,4 @@ def archiver(settings: Any, topics: list[str], fail_points: str, released: Path 
         env["KAPPA_FAIL_POINTS_RELEASE"] = str(released)
     kappa = str(Path(sys.executable).with_name("kappa"))
     return subprocess.Popen([kappa, "archive", "run", *args, *topics], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=stdout, stderr=subprocess.PIPE, text=True)

@@ -237,10 +237,8 @@ def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, to
                                                                      tmp_path: Path) -> None:
     """`kappa archive run` while the agent archives: each partition is written by one of them
     at a time, both write, and the manifest tiles every partition with the log's records."""
-    import os
     import re
     import subprocess
-    import sys
 
     from orchestrator import failpoints
     from orchestrator.service import Orchestrator
@@ -253,17 +251,12 @@ def test_two_archivers_at_once_share_the_partitions_without_a_clash(settings, to
     # had written them all).
     release = tmp_path / "release"
     release.mkdir()
-    env = dict(os.environ, **settings.driver_environment(),
-               KAPPA_FAIL_POINTS="archive.before_record=1*pause",
-               KAPPA_FAIL_POINTS_RELEASE=str(release))
-    kappa = str(Path(sys.executable).with_name("kappa"))
     root = settings.state_dir / "archive"
     runs: list[subprocess.Popen[str]] = []
     try:
         for _ in range(2):
-            runs.append(subprocess.Popen([kappa, "archive", "run", "--once", topic], env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True))
+            runs.append(archiver(settings, [topic], "archive.before_record=1*pause",
+                                         release, "--once", stdout=subprocess.PIPE))
         try:
             wait_until(lambda: len(list(root.rglob("*.parquet"))) >= 2
                        or any(run.poll() is not None for run in runs), 300,
