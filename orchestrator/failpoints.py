@@ -51,6 +51,10 @@ POINTS = (
     "batch.start",  # a micro-batch reached the sink: none of it is read (by any path) or committed
     "driver.measure_lag",  # the driver asks how far behind the log end it is
     "driver.going_live",  # caught_up is recorded, not yet committed; live is next
+    "tile.planned",  # a batch phase's tile plan is recorded; nothing of it is read or staged
+    "tile.after_pg_commit",  # a tile's batch is in PostgreSQL; the next tile is not planned
+    "handover.before_seed",  # the tiles reached the log end; no checkpoint is seeded from them
+    "handover.before_live_batch",  # the seeded streaming query's first batch reached the sink
     "quarantine.try",  # a quarantine is about to run the batch's transform on some ranges
     "source.read",  # a read task (on an executor) is about to read its offset range
     "cutover.after_decision",  # an outcome test's promote committed; its plan has not ended

@@ -65,6 +65,10 @@ class Settings:
     # reader: no record passes through Python, so a batch's size costs no driver memory, and
     # fewer batches cost fewer fixed costs (a Spark job and a commit each).
     decoded_batch_records: int = 10_000_000
+    # Such a catch-up of a batch job runs as plain Spark batch jobs, tile by tile (at most
+    # decoded_batch_records each), before the streaming query starts (spark/batch_phase.py);
+    # false: as a streaming query from its first batch.
+    batch_phase: bool = True
     catalog_schema: str = "kappa"  # the orchestrator's own tables
     data_schema: str = "kappa_data"  # the versions' output and dead-letter tables
     serving_schema: str = "serving"  # where aliases live: the only schema readers may read

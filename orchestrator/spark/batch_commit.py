@@ -59,12 +59,16 @@ class BatchCommit:
         self.conn_dsn = settings.require_services()[0]
         self.mirror = GroupMirror(kafka, version.consumer_group)
         self.stale = False
+        self.after_handover = False  # set by handover(), until the first micro-batch
         self.reads: SinkReads | None = None  # set per query: the sink reads each batch itself
         spec = version.spec
         self.stage = (settings.data_schema, stage_table(spec.name, spec.version))
         self.columns = (*spec.output_columns, DELETE_COLUMN)
 
     def __call__(self, df: Any, spark_batch_id: int) -> None:
+        if self.after_handover:  # the first micro-batch after a batch phase's tiles
+            self.after_handover = False
+            fail_point("handover.before_live_batch")
         fail_point("batch.start")
         ckpt = self.checkpoint
         end = ckpt.batch_end_offsets(spark_batch_id)
@@ -73,7 +77,18 @@ class BatchCommit:
                              f"{ckpt.location}")
         previous = ckpt.batch_end_offsets(spark_batch_id - 1) if spark_batch_id > 0 else None
         start = previous if previous is not None else self.start
-        batch_id = self.base + spark_batch_id
+        self.apply(df, self.base + spark_batch_id, start, end)
+        fail_point("batch.before_spark_commit")
+
+    def handover(self, checkpoint: Checkpoint, start: Offsets) -> None:
+        """The streaming query takes over from a batch phase, on ``checkpoint`` seeded at
+        ``start`` (resume.resume_point)."""
+        self.checkpoint, self.base, self.start = checkpoint, checkpoint.batch_base(), start
+        self.after_handover = True
+
+    def apply(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> None:
+        """Apply batch ``batch_id``, [start, end) of the log, exactly once: a micro-batch or a
+        batch phase's tile (``df``: its events; a placeholder where ``reads`` reads them)."""
         if self.heartbeat is not None:
             self.heartbeat.busy_since = datetime.now(UTC)
         try:
@@ -104,7 +119,6 @@ class BatchCommit:
                 runs.note_reason(self.conn, self.settings.catalog_schema, self.version.id,
                                  self.attempt, None, while_active=True)
             self.retry_noted = False
-        fail_point("batch.before_spark_commit")
 
     def _commit(self, df: Any, batch_id: int, start: Offsets, end: Offsets) -> None:
         if self._already_applied(batch_id):

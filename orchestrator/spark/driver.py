@@ -28,6 +28,7 @@ from orchestrator.logfile import RotatingLog
 from orchestrator.models import Offsets
 from orchestrator.settings import Settings, load_settings
 from orchestrator.spark.batch_commit import BatchCommit
+from orchestrator.spark.batch_phase import BatchPhase
 from orchestrator.spark.checkpoint import Checkpoint, write_through_filesystem
 from orchestrator.spark.failures import first_error_line
 from orchestrator.spark.heartbeat import Heartbeat
@@ -108,17 +109,26 @@ class Driver:
                            else unchanged, self.kafka, checkpoint, start_offsets,
                            quarantine=quarantine)
         sink.heartbeat = heartbeat
-
+        phase = BatchPhase(s, self.version, self.attempt, self.retries, self.log_clients, query,
+                           sink)
+        rounds = _MAX_CATCH_UP_ROUNDS
         behind: int | None = None
-        for round_ in range(_MAX_CATCH_UP_ROUNDS):
+        if phase.eligible(checkpoint):
+            self.retries.run_resilient(lambda: phase.run(spark), sink)
+            fail_point("handover.before_seed")
+            query.start_offsets = self.retries.wait_out_outages(
+                lambda: resume_point(self.conn, s, self.version, self.kafka, checkpoint,
+                                     after_tiles=True), "seed the checkpoint")
+            sink.handover(checkpoint, query.start_offsets)
+            behind = self._lag_or_none()
+            log.info("batch phase: %d tiles committed; %s records behind the log end",
+                     phase.tiles, "?" if behind is None else behind)
+            if behind is None or behind <= s.chunk_records:
+                rounds = 0  # the live query reads the rest
+        for round_ in range(rounds):
             self.retries.run_resilient(lambda: query.run(spark, sink, live=False), sink)
-            try:
-                # The catalog's outages are waited out here as inside the query; the broker's
-                # are not: the live query waits for the broker itself.
-                behind = self._lag(wait_for_catalog=True)
-            except KappaError as exc:
-                log.warning("cannot measure the lag (%s); going live", exc)
-                behind = None
+            behind = self._lag_or_none()
+            if behind is None:
                 break
             log.info("catch-up round %d finished; %d records behind the log end", round_, behind)
             if behind <= s.chunk_records:
@@ -132,6 +142,16 @@ class Driver:
                      "is at most %d", "?" if behind is None else behind, s.max_lag_records)
         self.retries.run_resilient(
             lambda: query.run(spark, sink, live=True, tick=self._check_caught_up), sink)
+
+    def _lag_or_none(self) -> int | None:
+        """The lag after a catch-up round, or None (going live) where it cannot be measured.
+        The catalog's outages are waited out here as inside the query; the broker's are not:
+        the live query waits for the broker itself."""
+        try:
+            return self._lag(wait_for_catalog=True)
+        except KappaError as exc:
+            log.warning("cannot measure the lag (%s); going live", exc)
+            return None
 
     def _caught_up(self, behind: int) -> None:
         log.info("caught up: %d records behind the log end (at most %d)", behind,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from orchestrator.archive_model.segments import ArchiveError
 from orchestrator.models import Offsets
 from orchestrator.spark.shape import JobError
 
@@ -112,6 +113,8 @@ def job_error(exc: BaseException) -> JobError | None:
     outage, waited out. A store that refuses the credentials is, wherever it was asked."""
     if isinstance(exc, JobError):
         return exc
+    if isinstance(exc, ArchiveError) and not _OUTAGE.search(str(exc)):
+        return JobError(str(exc)[:1000])  # raised in the driver itself (a batch phase's reads)
     refused = next((line.strip() for line in str(exc).splitlines()
                     if _STORE_REFUSED.search(line)), None)
     if refused is not None:

@@ -13,7 +13,7 @@ from orchestrator.archive.readable import archive_root, executor_archive_root
 from orchestrator.archive_model.decoding import Decoding
 from orchestrator.catalog.batches import StaleDriverError
 from orchestrator.kafka.endpoint import KafkaEndpoint
-from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets
+from orchestrator.models import KAFKA_COLUMNS, DeployedVersion, Offsets, TopicInput
 from orchestrator.schema import parse_ddl
 from orchestrator.settings import Settings
 from orchestrator.spark.batch_commit import BatchCommit
@@ -125,21 +125,34 @@ class JobQuery:
                         archive_root(s), s.spark_master)
         streams = {}
         for source in v.spec.inputs:
-            options = source_options(
-                kafka=self.kafka, source=source, group_id=v.consumer_group,
-                start_offsets=self.start_offsets,
-                chunk_records=LIVE_CHUNK if live else s.chunk_records,
-                max_batch_records=max(s.max_batch_records, s.decoded_batch_records)
-                if self.by_sink else s.max_batch_records, version_id=v.id,
-                catalog_schema=s.catalog_schema, job=v.job, version=v.version,
-                cores=self.cores, log_identity=v.log_identity,
-                archive_root=root, columns=columns.get(source.topic),
-                decoded=s.decoded_segments)
+            options = self._options(source, live=live, columns=columns.get(source.topic))
             self.read_options[source.topic] = options
             if self.by_sink:  # the source plans the batches; the sink reads them
                 options = {**options, "sink_reads": "true"}
             streams[source.topic] = spark.readStream.format(SOURCE_NAME).options(**options).load()
         return streams
+
+    def tile_read_options(self) -> dict[str, dict[str, str]]:
+        """Per topic, the options that a batch phase's reads take (batch_phase.py): the
+        catch-up's, with every column the topic declares (Parquet prunes what the job does
+        not read by itself)."""
+        self.by_sink = True
+        return {source.topic: self._options(source, live=False, columns=None)
+                for source in self.version.spec.inputs}
+
+    def _options(self, source: TopicInput, *, live: bool, columns: tuple[str, ...] | None
+                 ) -> dict[str, str]:
+        s, v = self.settings, self.version
+        return source_options(
+            kafka=self.kafka, source=source, group_id=v.consumer_group,
+            start_offsets=self.start_offsets,
+            chunk_records=LIVE_CHUNK if live else s.chunk_records,
+            max_batch_records=max(s.max_batch_records, s.decoded_batch_records)
+            if self.by_sink else s.max_batch_records, version_id=v.id,
+            catalog_schema=s.catalog_schema, job=v.job, version=v.version,
+            cores=self.cores, log_identity=v.log_identity,
+            archive_root=executor_archive_root(s), columns=columns,
+            decoded=s.decoded_segments)
 
     def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
         """The streaming DataFrame the sink receives, and Spark's output mode."""

@@ -25,14 +25,16 @@ log = logging.getLogger("kappa.driver")
 
 
 def resume_point(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
-                 kafka: Kafka, checkpoint: Checkpoint) -> Offsets:
+                 kafka: Kafka, checkpoint: Checkpoint, *, after_tiles: bool = False) -> Offsets:
     """Where the first batch of a new checkpoint starts, and a refusal when the log or the
     checkpoint no longer fits what the catalog says was applied.
 
     A checkpoint with batches carries its own start. Without one, a version that applied
     nothing starts at its log start; a batch job that applied batches resumes at the
     catalog's processed offsets (its output holds everything before them); a stream job's
-    state lived only in the lost checkpoint, so it cannot go on exactly."""
+    state lived only in the lost checkpoint, so it cannot go on exactly. ``after_tiles``: a
+    batch phase (batch_phase.py) committed the batches, and this seeds the streaming query's
+    checkpoint from them, as a lost one is."""
     v, schema = version, settings.catalog_schema
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, v.id)
@@ -48,24 +50,43 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
             "with it the state of its stream job: its output cannot be continued exactly. "
             "Deploy the job under a new VERSION, which replays from offset 0")
     else:
-        log.warning("no checkpoint at %s: resuming from the catalog's processed offsets "
-                    "with batch %d", checkpoint.location, next_id)
-        start = {t: dict(ps) for t, ps in v.log_start.items()}
-        for topic, partitions in processed.items():
-            start.setdefault(topic, {}).update(partitions)
+        if after_tiles:
+            log.info("the batch phase ended before batch %d: the streaming query starts from "
+                     "the catalog's processed offsets", next_id)
+        else:
+            log.warning("no checkpoint at %s: resuming from the catalog's processed offsets "
+                        "with batch %d", checkpoint.location, next_id)
+        start = processed_start(v, processed)
         checkpoint.start(next_id, start)
+    bounds = checked_bounds(conn, settings, v, kafka, processed or start,
+                            log_bounds(kafka, list(v.spec.topics)))
+    _forget_a_plan_past_the_log_end(conn, schema, v.id, checkpoint, bounds)
+    return start
+
+
+def processed_start(version: DeployedVersion, processed: Offsets) -> Offsets:
+    """Where the version's next batch starts: its processed offsets, its log start elsewhere."""
+    start = {t: dict(ps) for t, ps in version.log_start.items()}
+    for topic, partitions in processed.items():
+        start.setdefault(topic, {}).update(partitions)
+    return start
+
+
+def checked_bounds(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
+                   kafka: Kafka, position: Offsets, broker: Bounds) -> Bounds:
+    """The readable log's bounds (``broker``'s, reaching down into the archive), once the log
+    is the one the version read (the same topics, not recreated) and still holds
+    ``position``; a JobError that says what to do otherwise."""
+    v, topics = version, list(version.spec.topics)
     if v.log_identity is not None:
-        topics = list(v.spec.topics)
         gone = replaced(v.log_identity, log_identity(kafka, topics), topics)
         if gone:
             raise JobError(log_gone_reason(gone, v.job, v.version))
-    bounds = log_bounds_with_archive(conn, settings, v.log_identity, list(v.spec.topics),
-                                     log_bounds(kafka, list(v.spec.topics)))
-    mismatches = log_mismatches(processed or start, bounds)
+    bounds = log_bounds_with_archive(conn, settings, v.log_identity, topics, broker)
+    mismatches = log_mismatches(position, bounds)
     if mismatches:
         raise JobError(log_changed_reason(mismatches, v.job, v.version))
-    _forget_a_plan_past_the_log_end(conn, schema, v.id, checkpoint, bounds)
-    return start
+    return bounds
 
 
 def _forget_a_plan_past_the_log_end(conn: psycopg.Connection, schema: str, version_id: int,

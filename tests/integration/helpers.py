@@ -77,6 +77,17 @@ def assert_batches_tile_the_log(settings: Any, job: str, version: str, topic: st
     return rows
 
 
+def assert_exact(settings: Any, job: str, version: str, topic: str, reference: Any,
+                 rows: dict[str, tuple[int, int]]) -> list[tuple[Any, ...]]:
+    """The version's output is ``rows`` (the reference's, for its code), its dead letters are
+    the log's invalid records (of which there are some), and its batches tile the log."""
+    assert output(settings, f"{job}__{version}") == rows
+    assert dead_letters(settings, f"{job}__{version}__dead_letters") == \
+        reference.invalid_offsets
+    assert reference.invalid_offsets
+    return assert_batches_tile_the_log(settings, job, version, topic, reference.log_end)
+
+
 def reap(*procs: subprocess.Popen[Any]) -> None:
     """Kill each of ``procs`` that still runs, wait for it and close its pipes. For the
     ``finally`` of a test that starts a process: a Popen dropped while its child runs, or with
