@@ -53,7 +53,10 @@ class Lineage:
     topic_id: str
 
     def directory(self, partition: int) -> str:
-        return f"{self.topic}/{self.cluster_id}-{self.topic_id}/p{partition}"
+        # A topic id in standard base64 may hold '/' and '+': as base64url (what Kafka itself
+        # prints), it is one path component, which an object store requires.
+        safe = self.topic_id.replace("/", "_").replace("+", "-")
+        return f"{self.topic}/{self.cluster_id}-{safe}/p{partition}"
 
 
 @dataclass(frozen=True)

@@ -138,3 +138,19 @@ def test_an_earlier_lineage_has_no_retention_figures() -> None:
     row = _row(1_000, 1_400, 2_000, current=False)
     assert (row.retention_headroom, row.retention_headroom_share, row.retention) == (
         None, None, None)
+
+
+@pytest.mark.parametrize("topic_id", ["AaJMP//WcxOkAx5QCdmOjw", "a+b/c+d/e", "plain-id_0"])
+def test_a_lineage_directory_is_one_path_component_per_level_whatever_its_topic_id(
+        topic_id: str) -> None:
+    """A topic id in standard base64 may hold '/' (and '+'): a directory named with it had an
+    empty path component ('…-AaJMP//WcxOk…'), which an S3 archive refuses
+    (ArrowInvalid: Empty path component), and a local one nested a level deeper. Seen in a CI
+    run: test_store_outage's archive failed on such an id, about one topic in three."""
+    directory = Lineage("kappa-memory-0452df21447e", "pageviews", topic_id).directory(3)
+    parts = directory.split("/")
+    assert len(parts) == 3 and all(parts), parts
+    assert parts[0] == "pageviews" and parts[2] == "p3"
+    assert "+" not in parts[1]
+    # Two ids stay two directories.
+    assert Lineage("c", "t", "a/b").directory(0) != Lineage("c", "t", "a_c").directory(0)
