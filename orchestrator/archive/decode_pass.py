@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 from orchestrator.archive.decoder import decode, file_checksum
 from orchestrator.archive.parquet_store import ParquetStore, parquet_bytes
 from orchestrator.archive_model.decoding import (
-    DECODED_DIRECTORY,
     DecodedSegment,
     Decoding,
     DecodingProgress,
@@ -219,7 +218,7 @@ def prune_unused(conn: psycopg.Connection, schema: str, store: ParquetStore, *,
         with conn.transaction():
             decoded_manifest.forget(conn, schema, p.decoding, p.root,
                                     keep_decoding=p.decoding in used)
-        store.remove_tree(f"{DECODED_DIRECTORY}/{p.decoding}/{p.topic}/{p.lineage}")
+        store.remove_tree(p.directory)
         log.info("removed %d decoded segments of %s (lineage %s, decoding %s): no version reads "
                  "them", p.decoded_segments, p.topic, p.lineage, p.decoding)
     return unused

@@ -128,10 +128,14 @@ class DecodedSegment:
         return self.rows + self.dead_letters
 
 
+def decoded_directory(fingerprint: str, lineage: Lineage) -> str:
+    """One decoding's segments of one lineage: pruning them removes this one tree."""
+    return f"{DECODED_DIRECTORY}/{fingerprint}/{lineage.topic}/{lineage.folder}"
+
+
 def decoded_path(fingerprint: str, lineage: Lineage, partition: int, first_offset: int,
                  end_offset: int) -> str:
-    """Under its own directory per decoding, so that pruning one removes one tree."""
-    return (f"{DECODED_DIRECTORY}/{fingerprint}/{lineage.directory(partition)}/"
+    return (f"{decoded_directory(fingerprint, lineage)}/p{partition}/"
             f"{segment_name(first_offset, end_offset)}")
 
 
@@ -155,6 +159,10 @@ class DecodingProgress:
     @property
     def lineage(self) -> str:
         return f"{self.root.cluster_id}-{self.root.topic_id}"
+
+    @property
+    def directory(self) -> str:
+        return decoded_directory(self.decoding, self.root)
 
     @property
     def pending(self) -> int:

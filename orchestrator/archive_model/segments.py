@@ -52,11 +52,15 @@ class Lineage:
     topic: str
     topic_id: str
 
-    def directory(self, partition: int) -> str:
+    @property
+    def folder(self) -> str:
         # A topic id in standard base64 may hold '/' and '+': as base64url (what Kafka itself
         # prints), it is one path component, which an object store requires.
         safe = self.topic_id.replace("/", "_").replace("+", "-")
-        return f"{self.topic}/{self.cluster_id}-{safe}/p{partition}"
+        return f"{self.cluster_id}-{safe}"
+
+    def directory(self, partition: int) -> str:
+        return f"{self.topic}/{self.folder}/p{partition}"
 
 
 @dataclass(frozen=True)

@@ -154,3 +154,29 @@ def test_a_lineage_directory_is_one_path_component_per_level_whatever_its_topic_
     assert "+" not in parts[1]
     # Two ids stay two directories.
     assert Lineage("c", "t", "a/b").directory(0) != Lineage("c", "t", "a_c").directory(0)
+
+
+@pytest.mark.parametrize("topic_id", ["AaJMP//WcxOkAx5QCdmOjw", "a+b/c+d/e", "plain-id_0"])
+def test_pruning_a_decoding_removes_the_files_it_wrote_whatever_the_topic_id(
+        tmp_path: Path, topic_id: str) -> None:
+    """The decoded files of a lineage are written under its directory in base64url; pruning
+    them removed a tree named with the id as it stood (standard base64), so one topic in
+    three kept its files while its rows were gone. Seen in a CI run: test_archive_replay's
+    prune reported the segments and left them."""
+    from unittest import mock
+
+    from orchestrator.archive import decode_pass
+    from orchestrator.archive_model.decoding import DecodingProgress, decoded_path
+
+    lineage = Lineage("kappa-memory-0452df21447e", "pageviews", topic_id)
+    store = ParquetStore(str(tmp_path / "archive"))
+    written = tmp_path / "archive" / decoded_path("fp1", lineage, 2, 0, 10)
+    written.parent.mkdir(parents=True)
+    written.write_bytes(b"decoded")
+    unused = DecodingProgress("fp1", lineage, in_use=False, raw_segments=1,
+                              decoded_segments=1, rows=10, dead_letters=0, bytes=7)
+    with mock.patch.object(decode_pass, "progress", return_value=[unused]), \
+            mock.patch.object(decode_pass.decoded_manifest, "forget") as forget:
+        assert decode_pass.prune_unused(mock.MagicMock(), "kappa", store) == [unused]
+    forget.assert_called_once()
+    assert not written.exists() and not list((tmp_path / "archive").rglob("*.parquet"))
