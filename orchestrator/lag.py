@@ -73,6 +73,12 @@ def take_records(start: Offsets, ends: Offsets, max_records: int | None,
     return result
 
 
+def total_records(start: Offsets, end: Offsets) -> int:
+    """The offsets from ``start`` to ``end``; a partition ``start`` does not know adds none."""
+    return sum(stop - start.get(t, {}).get(p, stop) for t, ps in end.items()
+               for p, stop in ps.items())
+
+
 def lag_records(processed: Offsets, ends: Mapping[tuple[str, int], int],
                 starts: Mapping[tuple[str, int], int] | None = None) -> int:
     """Records between what was processed and the log end; a partition not processed yet

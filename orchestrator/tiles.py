@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestrator.lag import take_records
+from orchestrator.lag import take_records, total_records
 from orchestrator.models import Offsets
 
 # Lag rates are measured over a 30 s window (lag.Thresholds.window_s): a tile that takes a
@@ -24,8 +24,7 @@ class Tile:
 
     @property
     def records(self) -> int:
-        return sum(stop - self.start.get(t, {}).get(p, stop)
-                   for t, ps in self.end.items() for p, stop in ps.items())
+        return total_records(self.start, self.end)
 
 
 def side(bounds: Bounds, which: int) -> Offsets:

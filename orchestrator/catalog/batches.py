@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from orchestrator.catalog.db import qualified
 from orchestrator.catalog.read_accounting import count_reads, move_dead_letters, ranges_of
 from orchestrator.errors import ConflictError, KappaError
+from orchestrator.lag import total_records
 from orchestrator.models import DELETE_COLUMN, DeployedVersion, JobSpec, Offsets
 from orchestrator.naming import stage_table
 
@@ -114,10 +115,6 @@ def next_batch_id(conn: psycopg.Connection, catalog_schema: str, version_id: int
         b=qualified(catalog_schema, "batches"), s=qualified(catalog_schema, "batch_summary")),
         {"v": version_id}).fetchone()
     return 0 if row is None or row[0] is None else int(row[0]) + 1
-
-
-def total_records(start: Offsets, end: Offsets) -> int:
-    return sum(end[t][p] - start.get(t, {}).get(p, end[t][p]) for t in end for p in end[t])
 
 
 def apply_batch(

@@ -52,11 +52,10 @@ def record(conn: psycopg.Connection, schema: str, version: DeployedVersion, atte
         (version.id, tile.batch_id, attempt, Jsonb(tile.start), Jsonb(tile.end)))
 
 
-def forget(conn: psycopg.Connection, schema: str, version_id: int) -> bool:
+def forget(conn: psycopg.Connection, schema: str, version_id: int) -> None:
     """Drop the version's plan (one past the log's end, that the log can no longer serve)."""
-    done = conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s").format(
+    conn.execute(sql.SQL("DELETE FROM {} WHERE version_id = %s").format(
         qualified(schema, "tile_plans")), (version_id,))
-    return bool(done.rowcount)
 
 
 def _offsets(value: object) -> Offsets:

@@ -1,10 +1,13 @@
-"""The broker clients a long-running sampler keeps: one log-end probe and one timestamp reader,
-reused across samples, so that a sample's cost does not include connecting."""
+"""The broker clients a long-running sampler keeps: one log-end probe, one timestamp reader and
+one admin client, reused across samples, so that a sample's cost does not include connecting."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from confluent_kafka.admin import AdminClient
+
+from orchestrator.kafka.admin import admin_client
 from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import Bounds, LogEndProbe
 from orchestrator.kafka.timestamps import Position, TimestampReader
@@ -17,6 +20,7 @@ class LogClients:
         self.bootstrap = bootstrap
         self._probe = LogEndProbe(bootstrap)
         self._timestamps = TimestampReader(bootstrap)
+        self._admin: AdminClient | None = None
 
     def bounds(self, topics: Sequence[str]) -> Bounds:
         try:
@@ -24,6 +28,13 @@ class LogClients:
         except BaseException:
             self._probe.close()
             raise
+
+    @property
+    def admin(self) -> AdminClient:
+        """Reconnects by itself after an outage, so it is kept whatever a call raised."""
+        if self._admin is None:
+            self._admin = admin_client(self.bootstrap)
+        return self._admin
 
     def timestamps(self, positions: Mapping[Position, int]) -> dict[Position, int]:
         return self._timestamps.read(positions)

@@ -102,10 +102,11 @@ class BatchPhase:
         start = processed_start(v, processed)
         topics = list(v.spec.topics)
         bounds = checked_bounds(conn, s, v, self.query.kafka, processed or start,
-                                self.log_clients.bounds(topics))
-        if plan is not None and (plan.start != start or past_the_log_end(plan, bounds)):
+                                self.log_clients.bounds(topics), admin=self.log_clients.admin)
+        beyond = past_the_log_end(plan, bounds) if plan is not None else {}
+        if plan is not None and (plan.start != start or beyond):
             log.warning("the plan of tile %d no longer fits the log (%s): planned again",
-                        plan.batch_id, past_the_log_end(plan, bounds) or "another start")
+                        plan.batch_id, beyond or "another start")
             with conn.transaction():
                 tile_plans.forget(conn, schema, v.id)
                 clear_staged_reads(conn, schema, v.id)

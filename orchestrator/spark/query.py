@@ -125,7 +125,8 @@ class JobQuery:
                         archive_root(s), s.spark_master)
         streams = {}
         for source in v.spec.inputs:
-            options = self._options(source, live=live, columns=columns.get(source.topic))
+            options = self._options(source, live=live, columns=columns.get(source.topic),
+                                    by_sink=self.by_sink)
             self.read_options[source.topic] = options
             if self.by_sink:  # the source plans the batches; the sink reads them
                 options = {**options, "sink_reads": "true"}
@@ -136,19 +137,18 @@ class JobQuery:
         """Per topic, the options that a batch phase's reads take (batch_phase.py): the
         catch-up's, with every column the topic declares (Parquet prunes what the job does
         not read by itself)."""
-        self.by_sink = True
-        return {source.topic: self._options(source, live=False, columns=None)
+        return {source.topic: self._options(source, live=False, columns=None, by_sink=True)
                 for source in self.version.spec.inputs}
 
-    def _options(self, source: TopicInput, *, live: bool, columns: tuple[str, ...] | None
-                 ) -> dict[str, str]:
+    def _options(self, source: TopicInput, *, live: bool, columns: tuple[str, ...] | None,
+                 by_sink: bool) -> dict[str, str]:
         s, v = self.settings, self.version
         return source_options(
             kafka=self.kafka, source=source, group_id=v.consumer_group,
             start_offsets=self.start_offsets,
             chunk_records=LIVE_CHUNK if live else s.chunk_records,
             max_batch_records=max(s.max_batch_records, s.decoded_batch_records)
-            if self.by_sink else s.max_batch_records, version_id=v.id,
+            if by_sink else s.max_batch_records, version_id=v.id,
             catalog_schema=s.catalog_schema, job=v.job, version=v.version,
             cores=self.cores, log_identity=v.log_identity,
             archive_root=executor_archive_root(s), columns=columns,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import psycopg
+from confluent_kafka.admin import AdminClient
 
 from orchestrator.archive.readable import log_bounds_with_archive
 from orchestrator.catalog import runs
@@ -73,13 +74,15 @@ def processed_start(version: DeployedVersion, processed: Offsets) -> Offsets:
 
 
 def checked_bounds(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
-                   kafka: Kafka, position: Offsets, broker: Bounds) -> Bounds:
+                   kafka: Kafka, position: Offsets, broker: Bounds, *,
+                   admin: AdminClient | None = None) -> Bounds:
     """The readable log's bounds (``broker``'s, reaching down into the archive), once the log
     is the one the version read (the same topics, not recreated) and still holds
-    ``position``; a JobError that says what to do otherwise."""
+    ``position``; a JobError that says what to do otherwise. ``admin``: a client kept by a
+    caller that checks every batch."""
     v, topics = version, list(version.spec.topics)
     if v.log_identity is not None:
-        gone = replaced(v.log_identity, log_identity(kafka, topics), topics)
+        gone = replaced(v.log_identity, log_identity(kafka, topics, admin=admin), topics)
         if gone:
             raise JobError(log_gone_reason(gone, v.job, v.version))
     bounds = log_bounds_with_archive(conn, settings, v.log_identity, topics, broker)
