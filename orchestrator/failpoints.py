@@ -49,6 +49,7 @@ POINTS = (
     "batch.after_pg_commit",  # the batch is in PostgreSQL, Spark's commit log does not know it
     "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
     "batch.start",  # a micro-batch reached the sink: none of it is read (by any path) or committed
+    "batch.staged",  # a batch's (or tile's) rows and read counts are staged; none is committed
     "driver.measure_lag",  # the driver asks how far behind the log end it is
     "driver.going_live",  # caught_up is recorded, not yet committed; live is next
     "tile.planned",  # a batch phase's tile plan is recorded; nothing of it is read or staged

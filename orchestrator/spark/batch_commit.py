@@ -143,6 +143,7 @@ class BatchCommit:
         else:
             write_id = self._stage_checked(df)
             staged, mover = "one write", None
+            fail_point("batch.staged")
         ran = time.monotonic()
         result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
                              self.attempt, batch_id, start, end, write_id, move=mover)

@@ -9,7 +9,7 @@ import psycopg
 from confluent_kafka.admin import AdminClient
 
 from orchestrator.archive.readable import log_bounds_with_archive
-from orchestrator.catalog import runs
+from orchestrator.catalog import runs, tile_plans
 from orchestrator.catalog.batches import next_batch_id
 from orchestrator.catalog.read_accounting import clear_staged_reads
 from orchestrator.kafka.admin import log_identity
@@ -40,6 +40,7 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, v.id)
         next_id = next_batch_id(conn, schema, v.id)
+        tiled = tile_plans.any_made(conn, schema, v.id)
     if checkpoint.has_batches():
         start = checkpoint.start_offsets() or v.log_start
     elif next_id == 0:
@@ -54,6 +55,9 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
         if after_tiles:
             log.info("the batch phase ended before batch %d: the streaming query starts from "
                      "the catalog's processed offsets", next_id)
+        elif tiled:
+            log.info("batch %d is next, after a batch phase's tiles (which keep no streaming "
+                     "checkpoint): resuming from the catalog's processed offsets", next_id)
         else:
             log.warning("no checkpoint at %s: resuming from the catalog's processed offsets "
                         "with batch %d", checkpoint.location, next_id)

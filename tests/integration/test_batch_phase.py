@@ -1,8 +1,8 @@
 """A batch job's catch-up over decoded segments runs as Spark batch jobs, tile by tile, then
 hands over to the streaming query (#60): crashed in each of the phase's windows by its fail
-points, it ends with output and dead letters equal to a reference computed from the log, each
-batch id applied once, the batches tiling the log, and every tile's offsets read from decoded
-segments."""
+points, and paused by live first mid-tile, it ends with output and dead letters equal to a
+reference computed from the log, each batch id applied once, the batches tiling the log, and
+every tile's offsets read from decoded segments."""
 
 from __future__ import annotations
 
@@ -37,6 +37,20 @@ def _decoded_offsets(settings, version: str) -> list[tuple[int, int, int | None]
                  "ORDER BY b.batch_id", JOB, version)
 
 
+def _held(log_path: Path, attempt: int, point: str) -> None:
+    wait_until(lambda: f"fail point {point}: paused" in log_path.read_text(
+        errors="replace").rsplit(f"=== attempt {attempt} starting", 1)[-1], 300,
+        f"attempt {attempt} to hold at {point}")
+
+
+def _live_lag(seconds: float):
+    """A live version ``seconds`` behind, as the agent's sample gives it to live first."""
+    from orchestrator.models import VersionLag
+    from orchestrator.states import RunState
+
+    return VersionLag(JOB, "v1", "live", RunState.LIVE, 0, seconds, 0.0, 0.0, None, ())
+
+
 def _crashed(service, attempt: int, points: str) -> None:
     wait_until(lambda: service.version_status(JOB, "v2").state.value == "failed", 300,
                f"v2's driver to exit at {points}")
@@ -48,19 +62,23 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         settings, tmp_path: Path, monkeypatch) -> None:
     from orchestrator import failpoints
     from orchestrator.service import Orchestrator
+    from orchestrator.spark.launch.driver_process import is_alive
 
     settings = replace(settings, archive_segment_records=2_000, decoded_batch_records=TILE,
-                       max_batch_records=TILE, chunk_records=1_500)
+                       max_batch_records=TILE, chunk_records=1_500, live_lag_protect_s=60.0)
     service = Orchestrator(settings)
     topic = f"pageviews_{uuid.uuid4().hex[:8]}"
     service.produce_sample(topic, 12_000, seed=601)
     release = tmp_path / "release"
     release.mkdir()
     try:
-        # v1 replays from Kafka; the archiver then decodes the log for its decoding, which v2
-        # shares: v2's catch-up is a batch phase.
-        service.deploy(job_file(tmp_path, "v1", topic))
-        service.wait(JOB, "v1", timeout_s=600)
+        # Live first holds the queue (a live version far behind), so v2 waits in it while the
+        # archiver copies the log and decodes it for v2's decoding: once the queue starts v2,
+        # its catch-up is a batch phase.
+        limit = settings.live_lag_limit_s
+        assert service.replays.protect_live([_live_lag(limit)], 1.0)
+        queued = service.deploy(job_file(tmp_path, "v2", topic)).status
+        assert queued.state.value == "queued" and "held by live first" in (queued.reason or "")
         service.archive([topic], once=True)
         assert all(p.decoded_segments == p.raw_segments > 0
                    for p in service.archive_decodings() if p.topic == topic)
@@ -68,7 +86,8 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         # 1: the second tile's plan is recorded, nothing of it read: the next attempt runs
         # that plan, not another.
         monkeypatch.setenv("KAPPA_FAIL_POINTS", "tile.planned=1*off->1*exit")
-        service.deploy(job_file(tmp_path, "v2", topic))
+        assert not service.replays.protect_live([_live_lag(0.0)], 1.0)
+        assert service.replays.schedule() == [(JOB, "v2")]
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
         _crashed(service, 1, "tile.planned")
         assert [r[0] for r in batches(settings, JOB, "v2")] == [0]
@@ -82,27 +101,45 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         rows = batches(settings, JOB, "v2")
         assert [r[0] for r in rows] == [0, 1], rows
         assert (rows[1][2], rows[1][3]) == (planned[1], planned[2])  # the plan, run again
-        # 3: every tile is applied; the driver dies before it seeds the streaming checkpoint.
-        monkeypatch.setenv("KAPPA_FAIL_POINTS", "handover.before_seed=1*exit")
+        # 3: live first pauses v2 mid-tile, with tile 2's rows and read counts staged and none
+        # committed: an ordinary stop, and v2 goes back to the queue. Once the hold ends the
+        # queue starts it again, and it runs tile 2's recorded plan, counting no read twice;
+        # every tile is applied, and the driver dies before it seeds the streaming checkpoint.
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.staged=1*pause")
+        monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(release))
         service.restart(JOB, "v2")
-        monkeypatch.delenv("KAPPA_FAIL_POINTS")
-        _crashed(service, 3, "handover.before_seed")
-        assert sum(r[4] for r in batches(settings, JOB, "v2")) == 12_000
+        log_path = Path(service.version_status(JOB, "v2").log_path or "")
+        _held(log_path, 3, "batch.staged")
+        staged = _plan(settings, "v2")
+        assert staged is not None and staged[0] == 2, staged
+        # Meanwhile its status is a catch-up's, its progress the tiles committed.
+        (lag,) = service.lag(JOB, "v2")
+        held = service.version_status(JOB, "v2")
+        assert (held.state.value, lag.lag_records) == ("replaying", 12_000 - 2 * TILE), lag
+        held_pid = held.pid
+        assert service.replays.protect_live([_live_lag(limit)], 1.0)
+        paused = service.version_status(JOB, "v2")
+        assert paused.state.value == "queued" and not is_alive(held_pid, None), paused
+        assert "paused by live first: live version pageview_counts v1" in (paused.reason or "")
+        assert [r[0] for r in batches(settings, JOB, "v2")] == [0, 1]
+        monkeypatch.setenv("KAPPA_FAIL_POINTS", "handover.before_seed=1*exit")
+        assert not service.replays.protect_live([_live_lag(0.0)], 1.0)
+        assert service.replays.schedule() == [(JOB, "v2")]
+        _crashed(service, 4, "handover.before_seed")
+        rows = batches(settings, JOB, "v2")
+        assert (rows[2][0], rows[2][2], rows[2][3]) == staged, rows  # the plan, run again
+        assert sum(r[4] for r in rows) == 12_000
         # 4: the phase finds nothing more to tile and seeds the checkpoint; records written
         # meanwhile reach the streaming query, whose first batch the driver dies on.
         monkeypatch.setenv("KAPPA_FAIL_POINTS",
                            "handover.before_seed=1*pause;handover.before_live_batch=1*exit")
-        monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(release))
         service.restart(JOB, "v2")
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
         monkeypatch.delenv("KAPPA_FAIL_POINTS_RELEASE")
-        log_path = Path(service.version_status(JOB, "v2").log_path or "")
-        wait_until(lambda: "fail point handover.before_seed" in log_path.read_text(
-            errors="replace").rsplit("=== attempt 4 starting", 1)[-1], 300,
-            "attempt 4 to hold before the seed")
+        _held(log_path, 5, "handover.before_seed")
         service.produce_sample(topic, 2_000, seed=602)
         failpoints.release(release, "handover.before_seed")
-        _crashed(service, 4, "handover.before_live_batch")
+        _crashed(service, 5, "handover.before_live_batch")
         # 5: clean, to the log end and live.
         service.restart(JOB, "v2")
         service.wait(JOB, "v2", timeout_s=600)
@@ -116,6 +153,9 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         text = log_path.read_text(errors="replace")
         assert "running its recorded plan again" in text
         assert "the batch phase ended before batch" in text, text[-3000:]
+        # A restart mid-phase is no lost checkpoint (the tiles keep none), and says so.
+        assert "after a batch phase's tiles" in text and "no checkpoint at" not in text
     finally:
-        failpoints.release(release, "handover.before_seed")
+        for point in ("batch.staged", "handover.before_seed"):
+            failpoints.release(release, point)
         service.stop_all()

@@ -33,10 +33,12 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(
     # The replay's first batch waits, unread, until Prometheus has seen it behind: a fast or
     # a loaded machine could otherwise finish it before the first scrape (with the archive's
     # decoded segments in place early, in one batch). At the sink, not at a read task: a
-    # batch of decoded segments is read by Spark's Parquet reader, with no read task.
+    # batch of decoded segments is read by Spark's Parquet reader, with no read task. Where
+    # the agent's archiver has decoded the log before the driver looks, the catch-up is a
+    # batch phase, whose first tile waits instead.
     released = tmp_path / "released"
     released.mkdir()
-    monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.start=pause")
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.start=pause;tile.planned=pause")
     monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(released))
     service.deploy(job_file(tmp_path, "v1", topic))
     monkeypatch.delenv("KAPPA_FAIL_POINTS")
@@ -49,7 +51,8 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(
             selector = f'kappa_job="{JOB}",version="v1",job="kappa"'
             wait_until(lambda: query(url, f"kappa_lag_records{{{selector}}} > 0"), 120,
                        "Prometheus to see the version catching up")
-            release(released, "batch.start")
+            for point in ("batch.start", "tile.planned"):
+                release(released, point)
             for title, expr in panel_queries(JOB, "v1"):
                 if title in CUTOVER_TITLES:  # series only while an outcome test runs: they
                     continue  # are checked in test_outcome_cutover.py
@@ -70,5 +73,6 @@ def test_dashboard_queries_return_series_and_lag_falls_to_zero(
             assert all(r["health"] == "ok" for r in rules), rules
             assert not [r for r in rules if r["state"] == "firing"], rules
     finally:
-        release(released, "batch.start")  # where the wait for the first scrape failed
+        for point in ("batch.start", "tile.planned"):  # where the wait for the scrape failed
+            release(released, point)
         stop_drivers(service)
