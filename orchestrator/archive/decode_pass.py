@@ -216,9 +216,14 @@ def prune_unused(conn: psycopg.Connection, schema: str, store: ParquetStore, *,
     used = {p.decoding for p in found if p.in_use}
     for p in unused:
         with conn.transaction():
+            # Where the rows say the files are, too: ones decoded before lineage folders named
+            # topic ids in base64url stand under a folder of the id as it came.
+            recorded = {d.path.rsplit("/", 2)[0]
+                        for d in decoded_manifest.decoded(conn, schema, p.root, p.decoding)}
             decoded_manifest.forget(conn, schema, p.decoding, p.root,
                                     keep_decoding=p.decoding in used)
-        store.remove_tree(p.directory)
+        for directory in sorted(recorded | {p.directory}):
+            store.remove_tree(directory)
         log.info("removed %d decoded segments of %s (lineage %s, decoding %s): no version reads "
                  "them", p.decoded_segments, p.topic, p.lineage, p.decoding)
     return unused

@@ -28,12 +28,11 @@ def planned(conn: psycopg.Connection, schema: str, version_id: int, batch_id: in
     return None if row is None else Tile(int(row[0]), _offsets(row[1]), _offsets(row[2]))
 
 
-def any_made(conn: psycopg.Connection, schema: str, version_id: int) -> bool:
-    """Whether a batch phase planned tiles for the version (they keep no streaming
-    checkpoint)."""
-    row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE version_id = %s)").format(
+def last_planned(conn: psycopg.Connection, schema: str, version_id: int) -> int | None:
+    """The batch id of the version's newest tile plan (None: no batch phase planned one)."""
+    row = conn.execute(sql.SQL("SELECT batch_id FROM {} WHERE version_id = %s").format(
         qualified(schema, "tile_plans")), (version_id,)).fetchone()
-    return bool(row and row[0])
+    return None if row is None else int(row[0])
 
 
 def record(conn: psycopg.Connection, schema: str, version: DeployedVersion, attempt: int,

@@ -40,7 +40,10 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, v.id)
         next_id = next_batch_id(conn, schema, v.id)
-        tiled = tile_plans.any_made(conn, schema, v.id)
+        last_tile = tile_plans.last_planned(conn, schema, v.id)
+    # The tiles keep no streaming checkpoint: none is lost while the last batch is a tile (or
+    # the next one is planned as one). Once the streaming query committed batches, one is.
+    tiled = last_tile is not None and last_tile >= next_id - 1
     if checkpoint.has_batches():
         start = checkpoint.start_offsets() or v.log_start
     elif next_id == 0:

@@ -76,12 +76,12 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         # archiver copies the log and decodes it for v2's decoding: once the queue starts v2,
         # its catch-up is a batch phase.
         limit = settings.live_lag_limit_s
-        assert service.replays.protect_live([_live_lag(limit)], 1.0)
+        assert service.replays.protect_live([_live_lag(limit)], 60.0)  # held for 600 s
         queued = service.deploy(job_file(tmp_path, "v2", topic)).status
         assert queued.state.value == "queued" and "held by live first" in (queued.reason or "")
         service.archive([topic], once=True)
-        assert all(p.decoded_segments == p.raw_segments > 0
-                   for p in service.archive_decodings() if p.topic == topic)
+        decoded = [p for p in service.archive_decodings() if p.topic == topic]
+        assert decoded and all(p.decoded_segments == p.raw_segments > 0 for p in decoded)
 
         # 1: the second tile's plan is recorded, nothing of it read: the next attempt runs
         # that plan, not another.
@@ -101,10 +101,11 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         rows = batches(settings, JOB, "v2")
         assert [r[0] for r in rows] == [0, 1], rows
         assert (rows[1][2], rows[1][3]) == (planned[1], planned[2])  # the plan, run again
-        # 3: live first pauses v2 mid-tile, with tile 2's rows and read counts staged and none
-        # committed: an ordinary stop, and v2 goes back to the queue. Once the hold ends the
-        # queue starts it again, and it runs tile 2's recorded plan, counting no read twice;
-        # every tile is applied, and the driver dies before it seeds the streaming checkpoint.
+        # 3 (attempts 3 and 4): live first pauses v2 mid-tile, with tile 2's rows and read
+        # counts staged and none committed: an ordinary stop, and v2 goes back to the queue.
+        # Once the hold ends the queue starts it again, and it runs tile 2's recorded plan,
+        # counting no read twice; every tile is applied, and the driver dies before it seeds
+        # the streaming checkpoint.
         monkeypatch.setenv("KAPPA_FAIL_POINTS", "batch.staged=1*pause")
         monkeypatch.setenv("KAPPA_FAIL_POINTS_RELEASE", str(release))
         service.restart(JOB, "v2")
@@ -129,8 +130,9 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         rows = batches(settings, JOB, "v2")
         assert (rows[2][0], rows[2][2], rows[2][3]) == staged, rows  # the plan, run again
         assert sum(r[4] for r in rows) == 12_000
-        # 4: the phase finds nothing more to tile and seeds the checkpoint; records written
-        # meanwhile reach the streaming query, whose first batch the driver dies on.
+        # 4 (attempt 5): the phase finds nothing more to tile and seeds the checkpoint;
+        # records written meanwhile reach the streaming query, whose first batch the driver
+        # dies on.
         monkeypatch.setenv("KAPPA_FAIL_POINTS",
                            "handover.before_seed=1*pause;handover.before_live_batch=1*exit")
         service.restart(JOB, "v2")
@@ -140,7 +142,7 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         service.produce_sample(topic, 2_000, seed=602)
         failpoints.release(release, "handover.before_seed")
         _crashed(service, 5, "handover.before_live_batch")
-        # 5: clean, to the log end and live.
+        # 5 (attempt 6): clean, to the log end and live.
         service.restart(JOB, "v2")
         service.wait(JOB, "v2", timeout_s=600)
 

@@ -163,6 +163,7 @@ def test_pruning_a_decoding_removes_the_files_it_wrote_whatever_the_topic_id(
     them removed a tree named with the id as it stood (standard base64), so one topic in
     three kept its files while its rows were gone. Seen in a CI run: test_archive_replay's
     prune reported the segments and left them."""
+    from types import SimpleNamespace
     from unittest import mock
 
     from orchestrator.archive import decode_pass
@@ -170,13 +171,21 @@ def test_pruning_a_decoding_removes_the_files_it_wrote_whatever_the_topic_id(
 
     lineage = Lineage("kappa-memory-0452df21447e", "pageviews", topic_id)
     store = ParquetStore(str(tmp_path / "archive"))
-    written = tmp_path / "archive" / decoded_path("fp1", lineage, 2, 0, 10)
-    written.parent.mkdir(parents=True)
-    written.write_bytes(b"decoded")
-    unused = DecodingProgress("fp1", lineage, in_use=False, raw_segments=1,
-                              decoded_segments=1, rows=10, dead_letters=0, bytes=7)
+    # One file where decoding writes now, and one where it wrote before lineage folders named
+    # ids in base64url (the path its row records).
+    current = decoded_path("fp1", lineage, 2, 0, 10)
+    earlier = f"decoded/fp1/pageviews/{lineage.cluster_id}-{topic_id}/p2/{current.rsplit('/')[-1]}"
+    for path in (current, earlier.replace("/p2/", "/p3/")):
+        (tmp_path / "archive" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "archive" / path).write_bytes(b"decoded")
+    rows = [SimpleNamespace(path=current),
+            SimpleNamespace(path=earlier.replace("/p2/", "/p3/"))]
+    unused = DecodingProgress("fp1", lineage, in_use=False, raw_segments=2,
+                              decoded_segments=2, rows=10, dead_letters=0, bytes=7)
     with mock.patch.object(decode_pass, "progress", return_value=[unused]), \
+            mock.patch.object(decode_pass.decoded_manifest, "decoded", return_value=rows), \
             mock.patch.object(decode_pass.decoded_manifest, "forget") as forget:
         assert decode_pass.prune_unused(mock.MagicMock(), "kappa", store) == [unused]
     forget.assert_called_once()
-    assert not written.exists() and not list((tmp_path / "archive").rglob("*.parquet"))
+    assert not list((tmp_path / "archive").rglob("*.parquet")), \
+        list((tmp_path / "archive").rglob("*.parquet"))
