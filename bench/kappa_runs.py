@@ -94,7 +94,8 @@ def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version
     # Up to the instant the driver recorded caught_up (the catalog's clock, this host's), as the
     # peer's time ends when its COPY does: `wait` polls every 0.5 s, which is not the replay's.
     return {**found, "wall_s": (at["caught_up"] - deployed_at).total_seconds(),
-            "waited_s": wall, "pid": pid,
+            "waited_s": wall, "pid": pid, "deployed_at": deployed_at,
+            "log_path": status.log_path,
             "replay_s": (at["caught_up"] - at["replaying"]).total_seconds(),
             "session_s": (at["replaying"] - deployed_at).total_seconds(),
             "first_batch_s": (first_batch_at(settings, version) - deployed_at).total_seconds(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.timeline import timeline
 from orchestrator.spark.launch import launcher, spares
 
 
@@ -40,4 +41,6 @@ def warm_replay(settings: Any, service: Any, workdir: Path, topic: str, version:
         "first_batch_cold_over_warm": round(cold["first_batch_s"] / ours["first_batch_s"], 2),
         "caught_up_cold_over_warm": round(cold["wall_s"] / wall, 2),
         "tables_equal": True,  # checked_replay raised otherwise
+        "timeline": timeline(Path(ours["log_path"]), ours["deployed_at"])
+        if ours["log_path"] else None,
     }

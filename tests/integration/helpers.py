@@ -150,6 +150,15 @@ def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
             shutil.rmtree(state, ignore_errors=True)
 
 
+def live_lag(job: str, seconds: float) -> Any:
+    """A live version of ``job`` ``seconds`` behind, as the agent's sample gives it to live
+    first: what a test holds the replay queue with (``service.replays.protect_live``)."""
+    from orchestrator.models import VersionLag
+    from orchestrator.states import RunState
+
+    return VersionLag(job, "v1", "live", RunState.LIVE, 0, seconds, 0.0, 0.0, None, ())
+
+
 SEED_ENV = "KAPPA_TEST_SEED"
 
 

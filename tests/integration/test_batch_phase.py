@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import job_file, wait_until
-from integration.helpers import assert_exact, batches, query
+from integration.helpers import assert_exact, batches, live_lag, query
 from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -43,14 +43,6 @@ def _held(log_path: Path, attempt: int, point: str) -> None:
         f"attempt {attempt} to hold at {point}")
 
 
-def _live_lag(seconds: float):
-    """A live version ``seconds`` behind, as the agent's sample gives it to live first."""
-    from orchestrator.models import VersionLag
-    from orchestrator.states import RunState
-
-    return VersionLag(JOB, "v1", "live", RunState.LIVE, 0, seconds, 0.0, 0.0, None, ())
-
-
 def _crashed(service, attempt: int, points: str) -> None:
     wait_until(lambda: service.version_status(JOB, "v2").state.value == "failed", 300,
                f"v2's driver to exit at {points}")
@@ -76,7 +68,7 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         # archiver copies the log and decodes it for v2's decoding: once the queue starts v2,
         # its catch-up is a batch phase.
         limit = settings.live_lag_limit_s
-        assert service.replays.protect_live([_live_lag(limit)], 60.0)  # held for 600 s
+        assert service.replays.protect_live([live_lag(JOB, limit)], 60.0)  # held for 600 s
         queued = service.deploy(job_file(tmp_path, "v2", topic)).status
         assert queued.state.value == "queued" and "held by live first" in (queued.reason or "")
         service.archive([topic], once=True)
@@ -86,7 +78,7 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         # 1: the second tile's plan is recorded, nothing of it read: the next attempt runs
         # that plan, not another.
         monkeypatch.setenv("KAPPA_FAIL_POINTS", "tile.planned=1*off->1*exit")
-        assert not service.replays.protect_live([_live_lag(0.0)], 1.0)
+        assert not service.replays.protect_live([live_lag(JOB, 0.0)], 1.0)
         assert service.replays.schedule() == [(JOB, "v2")]
         monkeypatch.delenv("KAPPA_FAIL_POINTS")
         _crashed(service, 1, "tile.planned")
@@ -118,13 +110,13 @@ def test_a_decoded_catch_up_runs_tile_by_tile_and_resumes_exactly_after_crashes_
         held = service.version_status(JOB, "v2")
         assert (held.state.value, lag.lag_records) == ("replaying", 12_000 - 2 * TILE), lag
         held_pid = held.pid
-        assert service.replays.protect_live([_live_lag(limit)], 1.0)
+        assert service.replays.protect_live([live_lag(JOB, limit)], 1.0)
         paused = service.version_status(JOB, "v2")
         assert paused.state.value == "queued" and not is_alive(held_pid, None), paused
         assert "paused by live first: live version pageview_counts v1" in (paused.reason or "")
         assert [r[0] for r in batches(settings, JOB, "v2")] == [0, 1]
         monkeypatch.setenv("KAPPA_FAIL_POINTS", "handover.before_seed=1*exit")
-        assert not service.replays.protect_live([_live_lag(0.0)], 1.0)
+        assert not service.replays.protect_live([live_lag(JOB, 0.0)], 1.0)
         assert service.replays.schedule() == [(JOB, "v2")]
         _crashed(service, 4, "handover.before_seed")
         rows = batches(settings, JOB, "v2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from conftest import job_file, kappa_cli, wait_until
 from integration.helpers import (
     assert_batches_tile_the_log,
     dead_letters,
+    live_lag,
     output,
     query,
     stop_drivers,
@@ -80,20 +82,38 @@ def test_v1_and_v2_replay_exactly_side_by_side_then_go_live(service, settings, t
         "v1": "live", "v2": "live"}
 
 
-def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
-                                                                 tmp_path: Path) -> None:
+def test_sigkill_at_three_random_moments_of_a_decoded_catch_up_while_a_producer_writes(
+        settings, topic, tmp_path: Path) -> None:
+    """The catch-up starts as a batch phase (#60): tiles over decoded segments for the first
+    half of the log, then tiles read from Kafka for the half the archive lacks, then the
+    streaming query for what a producer writes meanwhile. The driver is SIGKILLed at three
+    random moments of it (KAPPA_TEST_SEED replays them), and restarts go on from the catalog."""
     from orchestrator.service import Orchestrator
 
-    # Small batches, so that the replay spans many of them and a kill lands mid-replay.
-    settings = replace(settings, max_batch_records=6_000, chunk_records=3_000)
+    # Tiles of 4,000 records, so that the catch-up spans 20 of them and a kill lands mid-way.
+    settings = replace(settings, decoded_batch_records=4_000, max_batch_records=4_000,
+                       chunk_records=2_000, archive_segment_records=5_000,
+                       live_lag_protect_s=60.0)
     service = Orchestrator(settings)
     rng = random.Random(test_seed("kill moments"))
-    total = 120_000  # 20 batches
-    service.produce_sample(topic, total, seed=21)
+    decoded, total = 40_000, 80_000
+    service.produce_sample(topic, decoded, seed=21)
     path = job_file(tmp_path, "v2", topic)
+    producing = threading.Event()
+    producer = threading.Thread(target=_produce_until, args=(service, topic, producing))
     try:
+        # Live first holds the queue, so v2 waits in it while the archiver copies the first
+        # half and decodes it for v2's decoding.
+        assert service.replays.protect_live([live_lag(JOB, settings.live_lag_limit_s)], 60.0)
         result = kappa_cli(settings, "deploy", str(path))
         assert result.returncode == 0, result.stderr
+        service.archive([topic], once=True)
+        assert [p.decoded_segments for p in service.archive_decodings() if p.topic == topic]
+        service.produce_sample(topic, total - decoded, seed=22)
+        producing.set()
+        producer.start()
+        assert not service.replays.protect_live([live_lag(JOB, 0.0)], 1.0)
+        assert service.replays.schedule() == [(JOB, "v2")]
         for kill, (low, high) in enumerate(((0.05, 0.25), (0.35, 0.55), (0.65, 0.85))):
             target = int(total * rng.uniform(low, high))
 
@@ -114,15 +134,45 @@ def test_sigkill_at_three_random_moments_then_restart_is_exact(settings, topic,
                 assert restarted.returncode == 0, restarted.stderr
             else:
                 service.restart(JOB, "v2")
-        final = service.wait(JOB, "v2", timeout_s=300)
+        producing.clear()
+        producer.join()
+        service.wait(JOB, "v2", timeout_s=300)
+        ref = compute(settings.kafka_bootstrap, topic)
+        assert ref.records > total  # the producer wrote during the kills
+        wait_until(lambda: service.version_status(JOB, "v2").lag_records == 0, 300,
+                   "v2 to read what the producer wrote")
+        final = service.version_status(JOB, "v2")
         # Resumed, the status forgets the failure.
         assert final.attempt == 4 and final.reason is None and not final.log_tail
-        ref = compute(settings.kafka_bootstrap, topic)
         assert output(settings, f"{JOB}__v2") == ref.v2
         assert dead_letters(settings, f"{JOB}__v2__dead_letters") == ref.invalid_offsets
         rows = assert_batches_tile_the_log(settings, JOB, "v2", topic, ref.log_end)
         assert len({r[1] for r in rows}) >= 2  # batches from several attempts
+        # Each batch within the decoded segments' range read all its offsets from them.
+        schema = settings.catalog_schema
+        ends = dict(query(settings, f"SELECT partition::text, max(end_offset) FROM "
+                          f"{schema}.archive_decoded WHERE topic = %s GROUP BY 1", topic))
+        within = [(n, d) for n, d, end in query(
+            settings, f"SELECT b.records, b.decoded_offsets, b.end_offsets FROM {schema}.batches "
+            f"b JOIN {schema}.job_versions v ON v.id = b.version_id WHERE v.job = %s", JOB)
+            if all(o <= ends.get(p, -1) for p, o in end[topic].items())]
+        assert all(n == d for n, d in within), within
+        assert sum(n for n, _ in within) >= decoded * 0.75, (within, ends)
+        text = Path(final.log_path or "").read_text(errors="replace")
+        first = text.split("=== attempt 2 starting", 1)[0]
+        assert "(the batch phase)" in first and "batch phase:" not in first  # killed in it
         events = [e["kind"] for e in service.events(JOB, "v2")]
         assert events.count("state") >= 12
     finally:
+        producing.clear()
+        if producer.is_alive():
+            producer.join()
         stop_drivers(service)
+
+
+def _produce_until(service, topic: str, producing: threading.Event) -> None:
+    """Write 250 records a second, 100 at a time, while ``producing`` is set."""
+    seed = 1_000
+    while producing.is_set():
+        service.produce_sample(topic, 100, seed=seed, rate=250)
+        seed += 1
