@@ -38,14 +38,22 @@ class GroupMirror:
                  tb: TracebackType | None) -> None:
         self.close()
 
+    def connect(self) -> None:
+        """Create the client now: it connects and finds the group's coordinator on its own
+        threads, so that the first commit, after a replay's first batch, does not wait for
+        that."""
+        with kafka_errors(f"connecting for group {self.group}", self.bootstrap):
+            if self._consumer is None:
+                self._consumer = Consumer(_config(self.bootstrap, self.group))
+
     def commit(self, offsets: Offsets) -> None:
         positions = [TopicPartition(t, int(p), o) for t, ps in offsets.items()
                      for p, o in ps.items()]
         if not positions:
             return
+        self.connect()
         with kafka_errors(f"committing offsets of group {self.group}", self.bootstrap):
-            if self._consumer is None:
-                self._consumer = Consumer(_config(self.bootstrap, self.group))
+            assert self._consumer is not None
             self._consumer.commit(offsets=positions, asynchronous=False)
 
     def close(self) -> None:

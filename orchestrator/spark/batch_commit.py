@@ -58,6 +58,7 @@ class BatchCommit:
         self.checkpoint, self.base, self.start = checkpoint, checkpoint.batch_base(), start
         self.conn_dsn = settings.require_services()[0]
         self.mirror = GroupMirror(kafka, version.consumer_group)
+        self._connect_mirror()
         self.stale = False
         self.after_handover = False  # set by handover(), until the first micro-batch
         self.reads: SinkReads | None = None  # set per query: the sink reads each batch itself
@@ -148,16 +149,18 @@ class BatchCommit:
         result = apply_batch(self.conn, s.catalog_schema, s.data_schema, self.version,
                              self.attempt, batch_id, start, end, write_id, move=mover)
         fail_point("batch.after_pg_commit")
+        committed = time.monotonic()
         self._mirror(end)
         seconds = time.monotonic() - began
         log.info("batch %d: %d offsets (%s from the archive), %s staged, %d output rows "
                  "changed, %d dead letters, %d offsets without a record, applied=%s, %.2fs "
-                 "(%.0f records/s; read plan %.2fs%s, Spark %.2fs, commit %.2fs)", batch_id,
-                 result.records,
+                 "(%.0f records/s; read plan %.2fs%s, Spark %.2fs, commit %.2fs, group mirror "
+                 "%.2fs)", batch_id, result.records,
                  "?" if result.archived_offsets is None else result.archived_offsets, staged,
                  result.output_rows, result.dead_letters, result.gap_offsets, result.applied,
                  seconds, result.records / seconds if seconds else 0.0, planned - began,
-                 _phases(self.reads), ran - planned, time.monotonic() - ran)
+                 _phases(self.reads), ran - planned, committed - ran,
+                 time.monotonic() - committed)
 
     def _stage(self, df: Any) -> str:
         """Transform ``df`` and have the executors COPY its rows into the stage table, under a
@@ -210,6 +213,12 @@ class BatchCommit:
     def reconnect(self) -> None:
         if self.conn.closed or self.conn.broken:
             self.conn = connect_catalog(self.conn_dsn)
+
+    def _connect_mirror(self) -> None:
+        try:
+            self.mirror.connect()
+        except KappaError as exc:  # the first commit tries again
+            log.warning("consumer-group mirror %s not connected: %s", self.mirror.group, exc)
 
     def _mirror(self, end: Offsets) -> None:
         # Best effort: the catalog is the truth, and the next batch commits newer offsets anyway.

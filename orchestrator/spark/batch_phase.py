@@ -65,7 +65,7 @@ class BatchPhase:
         options = self.query.tile_read_options()
         events = _placeholder(spark, options)
         reads = SinkReads(options, self.query.cores, s.chunk_records, s.catalog_schema,
-                          self.version.id, self.query.kafka)
+                          self.version.id, self.query.kafka, self.log_clients.bounds)
         self.sink.reads = reads
         size = s.decoded_batch_records
         try:

@@ -93,8 +93,8 @@ class Driver:
         self.retries.wait_out_outages(self._upgrade_tables, "prepare the output tables")
         checkpoint = Checkpoint(self.version.checkpoint_dir, spark)
         start_offsets = self.retries.wait_out_outages(
-            lambda: resume_point(self.conn, s, self.version, self.kafka,
-                                 checkpoint), "find where to resume")
+            lambda: resume_point(self.conn, s, self.version, self.kafka, checkpoint,
+                                 self.log_clients), "find where to resume")
         query = JobQuery(s, self.version, self.kafka, transform, cores, start_offsets)
         quarantine = self.retries.wait_out_outages(
             lambda: runs.quarantine_batch(self.conn, s.catalog_schema, self.version.id),
@@ -118,7 +118,7 @@ class Driver:
             fail_point("handover.before_seed")
             query.start_offsets = self.retries.wait_out_outages(
                 lambda: resume_point(self.conn, s, self.version, self.kafka, checkpoint,
-                                     after_tiles=True), "seed the checkpoint")
+                                     self.log_clients, after_tiles=True), "seed the checkpoint")
             sink.handover(checkpoint, query.start_offsets)
             behind = self._lag_or_none()
             log.info("batch phase: %d tiles committed; %s records behind the log end",

@@ -13,8 +13,9 @@ from orchestrator.catalog import runs, tile_plans
 from orchestrator.catalog.batches import next_batch_id
 from orchestrator.catalog.read_accounting import clear_staged_reads
 from orchestrator.kafka.admin import log_identity
+from orchestrator.kafka.clients import LogClients
 from orchestrator.kafka.endpoint import Kafka
-from orchestrator.kafka.offsets import Bounds, log_bounds
+from orchestrator.kafka.offsets import Bounds
 from orchestrator.lag import log_changed_reason, log_mismatches
 from orchestrator.log_identity import log_gone_reason, replaced
 from orchestrator.models import DeployedVersion, Offsets
@@ -26,7 +27,8 @@ log = logging.getLogger("kappa.driver")
 
 
 def resume_point(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
-                 kafka: Kafka, checkpoint: Checkpoint, *, after_tiles: bool = False) -> Offsets:
+                 kafka: Kafka, checkpoint: Checkpoint, clients: LogClients, *,
+                 after_tiles: bool = False) -> Offsets:
     """Where the first batch of a new checkpoint starts, and a refusal when the log or the
     checkpoint no longer fits what the catalog says was applied.
 
@@ -35,7 +37,8 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
     catalog's processed offsets (its output holds everything before them); a stream job's
     state lived only in the lost checkpoint, so it cannot go on exactly. ``after_tiles``: a
     batch phase (batch_phase.py) committed the batches, and this seeds the streaming query's
-    checkpoint from them, as a lost one is."""
+    checkpoint from them, as a lost one is. ``clients``: the driver's kept broker clients (a
+    throw-away probe would list every partition's offsets afresh: on Tansu, every batch)."""
     v, schema = version, settings.catalog_schema
     with conn.transaction():
         processed = runs.processed_offsets(conn, schema, v.id)
@@ -66,8 +69,9 @@ def resume_point(conn: psycopg.Connection, settings: Settings, version: Deployed
                         "with batch %d", checkpoint.location, next_id)
         start = processed_start(v, processed)
         checkpoint.start(next_id, start)
+    topics = list(v.spec.topics)
     bounds = checked_bounds(conn, settings, v, kafka, processed or start,
-                            log_bounds(kafka, list(v.spec.topics)))
+                            clients.bounds(topics), admin=clients.admin)
     _forget_a_plan_past_the_log_end(conn, schema, v.id, checkpoint, bounds)
     return start
 

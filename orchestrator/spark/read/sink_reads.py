@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +31,9 @@ from orchestrator.archive_model.segments import ArchiveError
 from orchestrator.lag import chunk_size
 from orchestrator.models import DEAD, DEAD_KEY, DEAD_REASON, DEAD_VALUE, Offsets
 from orchestrator.schema import parse_ddl
+
+if TYPE_CHECKING:
+    from orchestrator.kafka.offsets import Bounds
 
 log = logging.getLogger("kappa.driver")
 RANGES_SOURCE = "kappa_ranges"
@@ -52,10 +55,14 @@ class SinkReads:
     """Builds each micro-batch's events DataFrame from the catalog's view of the archive."""
 
     def __init__(self, options: Mapping[str, Mapping[str, str]], cores: int, chunk_records: int,
-                 catalog_schema: str, version_id: int, kafka: Any):
+                 catalog_schema: str, version_id: int, kafka: Any,
+                 bounds: Callable[[list[str]], Bounds] | None = None):
         self.options = options  # per topic: the source's options
         self.cores, self.chunk_records = cores, chunk_records
         self.catalog_schema, self.version_id, self.kafka = catalog_schema, version_id, kafka
+        # The caller's kept probe where it reads on the caller's thread (the batch phase); a
+        # streaming query's batches read on Spark's callback thread, with a probe of their own.
+        self._bounds = bounds
         self._probe: Any = None
         self._gaps: dict[str, tuple[int, ...]] = {}  # raw segment path: its gap offsets
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kappa-sink-stage")
@@ -127,9 +134,10 @@ class SinkReads:
     def _broker_starts(self, topic: str) -> dict[tuple[str, int], int]:
         from orchestrator.kafka.offsets import LogEndProbe
 
-        if self._probe is None:
-            self._probe = LogEndProbe(self.kafka)
-        return {k: v[0] for k, v in self._probe.bounds([topic]).items()}
+        if self._bounds is None:
+            self._probe = self._probe or LogEndProbe(self.kafka)
+            self._bounds = self._probe.bounds
+        return {k: v[0] for k, v in self._bounds([topic]).items()}
 
     def _decoded(self, spark: Any, schema: Any, options: Mapping[str, str],
                  tasks: list[ReadTask]) -> Callable[[], Any]:
