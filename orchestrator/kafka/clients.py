@@ -44,3 +44,4 @@ class LogClients:
             self._probe.close()
         finally:
             self._timestamps.close()
+            self._admin = None  # an AdminClient has no close(): dropped, its threads end

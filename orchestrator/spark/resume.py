@@ -22,6 +22,7 @@ from orchestrator.models import DeployedVersion, Offsets
 from orchestrator.settings import Settings
 from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.shape import JobError
+from orchestrator.tiles import ends_past_the_log_end
 
 log = logging.getLogger("kappa.driver")
 
@@ -115,9 +116,7 @@ def _forget_a_plan_past_the_log_end(conn: psycopg.Connection, schema: str, versi
     if plan is None:
         return
     unfinished, planned = plan
-    past = {f"{topic}/{p}": (end, bounds[(topic, int(p))][1])
-            for topic, ends in planned.items() for p, end in ends.items()
-            if (topic, int(p)) in bounds and end > bounds[(topic, int(p))][1]}
+    past = ends_past_the_log_end(planned, bounds)
     if past:
         log.warning("batch %d was planned past the log end (%s: planned end, log end); it is "
                     "planned again from where the batch before it ended", unfinished,
