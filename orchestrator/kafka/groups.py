@@ -7,6 +7,7 @@ processed offsets to the group ``kappa.<job>.<version>`` lets them show the same
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -30,6 +31,7 @@ class GroupMirror:
     def __init__(self, bootstrap: Kafka, group: str) -> None:
         self.bootstrap, self.group = bootstrap, group
         self._consumer: Consumer | None = None
+        self._lock = threading.Lock()  # connect() may run on a thread of its own
 
     def __enter__(self) -> Self:
         return self
@@ -39,10 +41,10 @@ class GroupMirror:
         self.close()
 
     def connect(self) -> None:
-        """Create the client now: it connects and finds the group's coordinator on its own
-        threads, so that the first commit, after a replay's first batch, does not wait for
-        that."""
-        with kafka_errors(f"connecting for group {self.group}", self.bootstrap):
+        """Create the client now (a caller may do so on a thread of its own): it connects and
+        finds the group's coordinator in the background, so that the first commit, after a
+        replay's first batch, does not wait for that."""
+        with self._lock, kafka_errors(f"connecting for group {self.group}", self.bootstrap):
             if self._consumer is None:
                 self._consumer = Consumer(_config(self.bootstrap, self.group))
 
@@ -57,9 +59,10 @@ class GroupMirror:
             self._consumer.commit(offsets=positions, asynchronous=False)
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
 
 
 def committed_offsets(bootstrap: Kafka, group: str, partitions: Sequence[tuple[str, int]],

@@ -5,6 +5,7 @@ again."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -58,7 +59,9 @@ class BatchCommit:
         self.checkpoint, self.base, self.start = checkpoint, checkpoint.batch_base(), start
         self.conn_dsn = settings.require_services()[0]
         self.mirror = GroupMirror(kafka, version.consumer_group)
-        self._connect_mirror()
+        # Off the driver's path: creating a consumer takes tens of milliseconds.
+        threading.Thread(target=self._connect_mirror, name="kappa-group-mirror",
+                         daemon=True).start()
         self.stale = False
         self.after_handover = False  # set by handover(), until the first micro-batch
         self.reads: SinkReads | None = None  # set per query: the sink reads each batch itself
