@@ -42,14 +42,9 @@ def next_tile(batch_id: int, start: Offsets, bounds: Bounds, records: int) -> Ti
     return Tile(batch_id, start, take_records(start, side(bounds, 1), records, side(bounds, 0)))
 
 
-def past_the_log_end(tile: Tile, bounds: Bounds) -> dict[str, tuple[int, int]]:
-    """{"topic/partition": (planned end, log end)} where ``tile`` ends past what the log now
-    holds (a broker restored shorter): such a plan can never be read."""
-    return ends_past_the_log_end(tile.end, bounds)
-
-
-def ends_past_the_log_end(ends: Offsets, bounds: Bounds) -> dict[str, tuple[int, int]]:
-    """{"topic/partition": (planned end, log end)} of the planned ``ends`` past the log end."""
+def past_the_log_end(ends: Offsets, bounds: Bounds) -> dict[str, tuple[int, int]]:
+    """{"topic/partition": (planned end, log end)} where a plan's ``ends`` lie past what the
+    log now holds (a broker restored shorter): such a plan can never be read."""
     return {f"{t}/{p}": (end, bounds[(t, int(p))][1])
             for t, ps in ends.items() for p, end in ps.items()
             if (t, int(p)) in bounds and end > bounds[(t, int(p))][1]}

@@ -103,7 +103,7 @@ class BatchPhase:
         topics = list(v.spec.topics)
         bounds = checked_bounds(conn, s, v, self.query.kafka, processed or start,
                                 self.log_clients.bounds(topics), admin=self.log_clients.admin)
-        beyond = past_the_log_end(plan, bounds) if plan is not None else {}
+        beyond = past_the_log_end(plan.end, bounds) if plan is not None else {}
         if plan is not None and (plan.start != start or beyond):
             log.warning("the plan of tile %d no longer fits the log (%s): planned again",
                         plan.batch_id, beyond or "another start")

@@ -22,7 +22,7 @@ from orchestrator.models import DeployedVersion, Offsets
 from orchestrator.settings import Settings
 from orchestrator.spark.checkpoint import Checkpoint
 from orchestrator.spark.shape import JobError
-from orchestrator.tiles import ends_past_the_log_end
+from orchestrator.tiles import past_the_log_end
 
 log = logging.getLogger("kappa.driver")
 
@@ -116,7 +116,7 @@ def _forget_a_plan_past_the_log_end(conn: psycopg.Connection, schema: str, versi
     if plan is None:
         return
     unfinished, planned = plan
-    past = ends_past_the_log_end(planned, bounds)
+    past = past_the_log_end(planned, bounds)
     if past:
         log.warning("batch %d was planned past the log end (%s: planned end, log end); it is "
                     "planned again from where the batch before it ended", unfinished,

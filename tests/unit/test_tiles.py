@@ -32,8 +32,8 @@ def test_a_partition_the_start_does_not_know_enters_at_its_log_start_with_no_rec
 
 def test_a_plan_past_what_the_log_holds_now_is_named_partition_by_partition() -> None:
     tile = Tile(3, {"t": {"0": 0, "1": 0}}, {"t": {"0": 6_000, "1": 900}})
-    assert past_the_log_end(tile, BOUNDS) == {"t/0": (6_000, 5_000)}
-    assert past_the_log_end(Tile(3, {}, {"t": {"0": 5_000}}), BOUNDS) == {}
+    assert past_the_log_end(tile.end, BOUNDS) == {"t/0": (6_000, 5_000)}
+    assert past_the_log_end({"t": {"0": 5_000}}, BOUNDS) == {}
 
 
 def test_the_next_tile_takes_about_the_target_time_at_the_last_ones_rate() -> None:

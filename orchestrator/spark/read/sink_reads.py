@@ -62,8 +62,11 @@ class SinkReads:
         self.catalog_schema, self.version_id, self.kafka = catalog_schema, version_id, kafka
         # The caller's kept probe where it reads on the caller's thread (the batch phase); a
         # streaming query's batches read on Spark's callback thread, with a probe of their own.
-        self._bounds = bounds
         self._probe: Any = None
+        if bounds is None:
+            self._probe = _probe(kafka)
+            bounds = self._probe.bounds
+        self._bounds = bounds
         self._gaps: dict[str, tuple[int, ...]] = {}  # raw segment path: its gap offsets
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kappa-sink-stage")
         self._staging: list[Future[bool]] = []
@@ -132,11 +135,6 @@ class SinkReads:
                           archived, decoded, broker)
 
     def _broker_starts(self, topic: str) -> dict[tuple[str, int], int]:
-        from orchestrator.kafka.offsets import LogEndProbe
-
-        if self._bounds is None:
-            self._probe = self._probe or LogEndProbe(self.kafka)
-            self._bounds = self._probe.bounds
         return {k: v[0] for k, v in self._bounds([topic]).items()}
 
     def _decoded(self, spark: Any, schema: Any, options: Mapping[str, str],
@@ -268,6 +266,13 @@ class SinkReads:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+
+
+def _probe(kafka: Any) -> Any:
+    """A log-end probe of the sink's own (it connects on its first call)."""
+    from orchestrator.kafka.offsets import LogEndProbe
+
+    return LogEndProbe(kafka)
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
