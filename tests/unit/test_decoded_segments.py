@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 from unittest import mock
 
@@ -18,21 +17,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.archive import decoder as decoder_module
-from orchestrator.archive.decoder import (
-    decode,
-    decoded_schema,
-    read_columns,
-    rows_schema,
-    split_decoded,
-)
+from orchestrator.archive.decoder import decode, decoded_schema, read_columns, split_decoded
 from orchestrator.archive.parquet_store import parquet_bytes, to_table
 from orchestrator.archive_model.decoding import Decoding
 from orchestrator.archive_model.segments import ArchivedRecord
 from orchestrator.models import TopicInput
-from orchestrator.parsing import EventParser
 from orchestrator.schema import parse_ddl
-from orchestrator.spark.read.batch_builder import BatchBuilder
 
+from .decoded_reference import (
+    PARTITION,
+    TOPIC,
+    canonical,
+    decoding_of,
+    per_record,
+    schema_of,
+)
 from .event_strategies import (
     _BOUNDS,
     _DEPTH,
@@ -47,44 +46,10 @@ from .event_strategies import (
     _segments,
 )
 
-TOPIC, PARTITION = "t", 3
 TOMBSTONES = st.sampled_from(["dead_letter", "pass"])
 
 
 # --- the two paths --------------------------------------------------------------------------
-
-
-def _decoding(ddl: str, non_negative: Sequence[str] = (), tombstones: str = "dead_letter"
-              ) -> Decoding:
-    return Decoding.of(TopicInput(TOPIC, parse_ddl(ddl).ddl(), tuple(non_negative), tombstones))
-
-
-@cache
-def _schema(decoding: Decoding) -> pa.Schema:
-    return rows_schema(decoding)
-
-
-@cache
-def _parser(decoding: Decoding) -> EventParser:
-    return EventParser(parse_ddl(decoding.schema), decoding.non_negative)
-
-
-def _per_record(records: Sequence[ArchivedRecord], decoding: Decoding
-                ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
-    """The reference: each value parsed on its own, the rows and dead letters a read task of
-    the Kafka path builds from them."""
-    schema, parser = _schema(decoding), _parser(decoding)
-    builder = BatchBuilder(schema, TOPIC, PARTITION, len(parser.fields),
-                           pass_tombstones=decoding.tombstones == "pass", version_id=7,
-                           catalog_schema="c")
-    batches = []
-    for i, (offset, timestamp_ms, _, key, value, headers) in enumerate(records):
-        values, error = parser.parse(value)
-        builder.add(offset, timestamp_ms, key, value, headers, values, error)
-        if i % 5 == 4:  # several batches, as a read task yields them
-            batches.append(builder.flush())
-    batches.append(builder.flush())
-    return pa.Table.from_batches(batches, schema=schema), [d[3:] for d in builder.dead]
 
 
 def _decoded_segment(records: Sequence[ArchivedRecord], decoding: Decoding) -> pa.Table:
@@ -93,19 +58,7 @@ def _decoded_segment(records: Sequence[ArchivedRecord], decoding: Decoding) -> p
     assert table.schema == decoded_schema(decoding)
     assert table.column("kafka_offset").to_pylist() == [r[0] for r in records]  # one row each
     return pq.read_table(pa.BufferReader(parquet_bytes(table)),
-                         columns=read_columns(_schema(decoding)))
-
-
-def _canonical(value: Any) -> Any:
-    """``value`` with every float made comparable bit for bit: NaN equals NaN, and -0.0 is not
-    0.0."""
-    if isinstance(value, float):
-        return ("float", value.hex())
-    if isinstance(value, dict):
-        return {k: _canonical(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(map(_canonical, value))
-    return value
+                         columns=read_columns(schema_of(decoding)))
 
 
 def _same(records: Sequence[ArchivedRecord], decoding: Decoding,
@@ -114,13 +67,13 @@ def _same(records: Sequence[ArchivedRecord], decoding: Decoding,
     """Each range [start, end) of the decoded segment of ``records`` against the per-record
     parser's reading of the records in that range alone; the last range's result."""
     segment = _decoded_segment(records, decoding)
-    schema = _schema(decoding)
+    schema = schema_of(decoding)
     for start, end in ranges:
         rows, dead = split_decoded(segment, TOPIC, start, end, schema)
         kept = [r for r in records if start <= r[0] < end]
-        expected_rows, expected_dead = _per_record(kept, decoding)
+        expected_rows, expected_dead = per_record(kept, decoding)
         assert rows.schema == expected_rows.schema == schema
-        assert _canonical(rows.to_pylist()) == _canonical(expected_rows.to_pylist())
+        assert canonical(rows.to_pylist()) == canonical(expected_rows.to_pylist())
         assert dead == expected_dead
         assert rows.num_rows + len(dead) == len(kept)
         assert rows.column("kafka_topic").to_pylist() == [TOPIC] * rows.num_rows
@@ -154,7 +107,7 @@ _SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[Heal
 def test_property_flat_events_read_through_decoded_segments_as_parsed_record_by_record(
         segment: tuple[list[ArchivedRecord], int, int, int], non_negative: tuple[str, ...],
         tombstones: str) -> None:
-    _check(segment, _decoding(FLAT, non_negative, tombstones))
+    _check(segment, decoding_of(FLAT, non_negative, tombstones))
 
 
 @_SETTINGS
@@ -162,7 +115,7 @@ def test_property_flat_events_read_through_decoded_segments_as_parsed_record_by_
 def test_property_narrow_integers_and_booleans_read_through_decoded_segments_the_same(
         segment: tuple[list[ArchivedRecord], int, int, int], non_negative: tuple[str, ...],
         tombstones: str) -> None:
-    _check(segment, _decoding(NARROW, non_negative, tombstones))
+    _check(segment, decoding_of(NARROW, non_negative, tombstones))
 
 
 @settings(_SETTINGS, max_examples=40)
@@ -171,7 +124,7 @@ def test_property_narrow_integers_and_booleans_read_through_decoded_segments_the
 def test_property_nested_and_other_types_read_through_decoded_segments_the_same(
         segment: tuple[list[ArchivedRecord], int, int, int], non_negative: tuple[str, ...],
         tombstones: str) -> None:
-    _check(segment, _decoding(NESTED, non_negative, tombstones))
+    _check(segment, decoding_of(NESTED, non_negative, tombstones))
 
 
 @settings(_SETTINGS, max_examples=40)
@@ -182,7 +135,7 @@ def test_property_fields_named_like_the_added_columns_read_through_decoded_segme
         tombstones: str) -> None:
     """Fields named like a decoded segment's dead-letter columns or the Kafka metadata (#60),
     and undeclared JSON fields named as they are, among every kind of value."""
-    _check(segment, _decoding(NEAR_RESERVED, non_negative, tombstones))
+    _check(segment, decoding_of(NEAR_RESERVED, non_negative, tombstones))
 
 
 # --- every kind of invalid event, each one for certain ---------------------------------------
@@ -229,11 +182,11 @@ def test_every_kind_of_invalid_event_reads_through_decoded_segments_as_record_by
     values = _tricky(ddl)
     good = _GOOD[ddl]
     if ddl != NESTED:  # the Arrow path: one at a time, so that no value hides another's outcome
-        decoding = _decoding(ddl, _NON_NEGATIVE[ddl])
+        decoding = decoding_of(ddl, _NON_NEGATIVE[ddl])
         for value in values:
             _same(_records([good, value, good]), decoding)
     for tombstones in ("dead_letter", "pass"):
-        decoding = _decoding(ddl, _NON_NEGATIVE[ddl], tombstones)
+        decoding = decoding_of(ddl, _NON_NEGATIVE[ddl], tombstones)
         rows, dead = _same(_records(values), decoding)
         assert len(dead) > len(values) // 2  # most of them are invalid, for every reason
         first = next(iter(json.loads(good)))
@@ -246,7 +199,7 @@ def test_every_kind_of_invalid_event_reads_through_decoded_segments_as_record_by
 def test_every_range_of_a_segment_reads_as_those_records_parsed_alone(ddl: str) -> None:
     values = [_GOOD[ddl], None, b"{", _GOOD[ddl], b"[1]", _GOOD[ddl], b"{}"]
     records = _records(values, first=50)  # offsets 50, 53, ..., 68
-    decoding = _decoding(ddl, _NON_NEGATIVE[ddl], "pass")
+    decoding = decoding_of(ddl, _NON_NEGATIVE[ddl], "pass")
     _same(records, decoding, [(start, end) for start in range(48, 71) for end in range(start, 71)])
 
 
@@ -259,12 +212,12 @@ def test_every_range_of_a_segment_reads_as_those_records_parsed_alone(ddl: str) 
 @pytest.mark.parametrize("ddl", [FLAT, NARROW], ids=["flat", "narrow"])
 def test_json_deeper_than_orjson_reads_is_a_dead_letter_in_a_decoded_segment(ddl: str) -> None:
     too_deep = _GOOD[ddl][:-1] + b',"x":' + b"[" * (_DEPTH + 1) + b"]" * (_DEPTH + 1) + b"}"
-    _same(_records([too_deep]), _decoding(ddl, _NON_NEGATIVE[ddl]))
+    _same(_records([too_deep]), decoding_of(ddl, _NON_NEGATIVE[ddl]))
 
 
 def test_json_deeper_than_orjson_reads_is_a_dead_letter_in_a_nested_schemas_segment() -> None:
     too_deep = _GOOD[NESTED][:-1] + b',"x":' + b"[" * (_DEPTH + 1) + b"]" * (_DEPTH + 1) + b"}"
-    _, dead = _same(_records([too_deep]), _decoding(NESTED))
+    _, dead = _same(_records([too_deep]), decoding_of(NESTED))
     assert [reason.split(":")[0] for *_, reason in dead] == ["not JSON"]
 
 
@@ -273,7 +226,7 @@ def test_json_deeper_than_orjson_reads_is_a_dead_letter_in_a_nested_schemas_segm
 
 @pytest.mark.parametrize("ddl", [FLAT, NARROW, NESTED], ids=["flat", "narrow", "nested"])
 def test_decoding_an_empty_segment_gives_an_empty_table(ddl: str) -> None:
-    decoding = _decoding(ddl)
+    decoding = decoding_of(ddl)
     table = decode(to_table([]), decoding, TOPIC, PARTITION)
     assert table.num_rows == 0
     assert table.schema == decoded_schema(decoding)

@@ -143,8 +143,6 @@ class SinkReads:
         checked, and what each task found and its dead letters staged, on other threads while
         Spark reads: ``finish`` waits for them before the batch's commit, and says whether a
         file Spark read was found bad (and rebuilt), so that the batch is read again."""
-        from pyspark.sql import functions as F
-
         root = options["archive_root"]
         wanted = {ref.decoded_path: ref.decoded_checksum for task in tasks
                   for ref in task.segments
@@ -153,18 +151,11 @@ class SinkReads:
         ranges: dict[int, list[tuple[int, int]]] = {}
         for task in tasks:
             ranges.setdefault(task.partition, []).append((task.start, task.end))
-        where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
-                            f"kafka_offset < {hi})" for p, spans in sorted(ranges.items())
-                            for lo, hi in _merged(spans))
         event = parse_ddl(options["schema"]).ddl()
         files = [f"{root}/{path}" for path in wanted]
-        topic = tasks[0].topic
 
         def frame() -> Any:
-            return spark.read.schema(_decoded_ddl(event)).parquet(*files).where(
-                f"NOT {DEAD} AND ({where})").select(
-                *(F.lit(topic).alias(f.name) if f.name == "kafka_topic" else F.col(f.name)
-                  for f in schema.fields))
+            return decoded_frame(spark, files, event, schema, tasks[0].topic, ranges)
 
         try:
             listed = [frame()]
@@ -235,24 +226,10 @@ class SinkReads:
         dead: list[tuple[Any, ...]] = []
         for task, parts, found in work:
             for table, lo, hi in parts:
-                self._dead_letters(table, task, lo, hi, dead)
+                dead += dead_letter_rows(table, self.version_id, task.topic, task.partition,
+                                         lo, hi)
             self._stage_read(task, found)
         stage_dead_letters(self.catalog_schema, dead)
-
-    def _dead_letters(self, table: pa.Table, task: ReadTask, lo: int, hi: int,
-                      dead: list[tuple[Any, ...]]) -> None:
-        """Add the dead letters of [lo, hi) of one decoded segment (``table``: its dead
-        letters) to ``dead``."""
-        offsets = table.column("kafka_offset")
-        letters = table.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi)))
-        n = letters.num_rows
-        if n:
-            stamps = letters.column("kafka_timestamp").cast(pa.int64()).to_numpy() // 1000
-            dead += zip([self.version_id] * n, [task.topic] * n, [task.partition] * n,
-                        letters.column("kafka_offset").to_pylist(), stamps.tolist(),
-                        letters.column(DEAD_KEY).to_pylist(),
-                        letters.column(DEAD_VALUE).to_pylist(),
-                        letters.column(DEAD_REASON).to_pylist(), strict=True)
 
     def _stage_read(self, task: ReadTask, found: int) -> None:
         from orchestrator.spark.writer import stage_read
@@ -284,6 +261,39 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
+
+
+def decoded_frame(spark: Any, files: list[str], event_ddl: str, schema: Any, topic: str,
+                  ranges: Mapping[int, list[tuple[int, int]]]) -> Any:
+    """The events of ``topic`` in ``ranges`` ({partition: [(start, end)]}) of its decoded
+    ``files``, read by Spark's Parquet reader, with the columns of the stream source's
+    ``schema``: what the sink reads a batch's decoded segments with."""
+    from pyspark.sql import functions as F
+
+    where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
+                        f"kafka_offset < {hi})" for p, spans in sorted(ranges.items())
+                        for lo, hi in _merged(spans))
+    return spark.read.schema(_decoded_ddl(event_ddl)).parquet(*files).where(
+        f"NOT {DEAD} AND ({where})").select(
+        *(F.lit(topic).alias(f.name) if f.name == "kafka_topic" else F.col(f.name)
+          for f in schema.fields))
+
+
+def dead_letter_rows(table: pa.Table, version_id: int, topic: str, partition: int, lo: int,
+                     hi: int) -> list[tuple[Any, ...]]:
+    """The dead letters of offsets [lo, hi) of one decoded segment (``table``: its dead
+    letters' columns) as the stage takes them: (version id, topic, partition, offset,
+    timestamp ms, key, value, reason)."""
+    offsets = table.column("kafka_offset")
+    letters = table.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi)))
+    n = letters.num_rows
+    if not n:
+        return []
+    stamps = letters.column("kafka_timestamp").cast(pa.int64()).to_numpy() // 1000
+    return list(zip([version_id] * n, [topic] * n, [partition] * n,
+                    letters.column("kafka_offset").to_pylist(), stamps.tolist(),
+                    letters.column(DEAD_KEY).to_pylist(), letters.column(DEAD_VALUE).to_pylist(),
+                    letters.column(DEAD_REASON).to_pylist(), strict=True))
 
 
 def _decoded_ddl(event_ddl: str) -> str:
