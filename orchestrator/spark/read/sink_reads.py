@@ -26,18 +26,17 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from orchestrator.archive.coverage import ReadTask, read_tasks
+from orchestrator.archive.coverage import ReadTask
 from orchestrator.archive_model.segments import ArchiveError
-from orchestrator.lag import chunk_size
 from orchestrator.models import DEAD, DEAD_KEY, DEAD_REASON, DEAD_VALUE, Offsets
 from orchestrator.schema import parse_ddl
+from orchestrator.spark.read.planner import ArchiveView, plan_reads
 
 if TYPE_CHECKING:
     from orchestrator.kafka.offsets import Bounds
 
 log = logging.getLogger("kappa.driver")
 RANGES_SOURCE = "kappa_ranges"
-_RECHECK_S = 10.0
 _DEAD_COLUMNS = ["kafka_offset", "kafka_timestamp", DEAD, DEAD_REASON, DEAD_KEY, DEAD_VALUE]
 
 
@@ -72,9 +71,7 @@ class SinkReads:
         self._staging: list[Future[bool]] = []
         self._frames: list[Callable[[], Any]] = []  # the last batch's reads, for again()
         self._columns: list[str] = []
-        # {topic: (when, segments, decoded)}: segments never change once recorded, so what
-        # was read stays true; asked again after _RECHECK_S for what was added since.
-        self._seen: dict[str, tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]]] = {}
+        self._views: dict[str, ArchiveView] = {}  # per topic: what the archive holds
         self.phases: dict[str, float] = {}  # the last batch's read plan, seconds by phase
 
     def events(self, df: Any, start: Offsets, end: Offsets) -> Any:
@@ -107,32 +104,26 @@ class SinkReads:
 
     def _tasks(self, topic: str, options: Mapping[str, str], start: Offsets, end: Offsets
                ) -> list[ReadTask]:
-        """The batch's read tasks of ``topic``, cut as the source would cut them."""
-        from orchestrator.spark.read.archive_source import archived_segments, decoded_segments
-        from orchestrator.spark.read.source import source_decoding
+        """The batch's read tasks of ``topic``, cut by the planner that cuts the source's."""
+        view = self._views.get(topic)
+        if view is None:
+            view = self._views[topic] = ArchiveView(options)
+        began, broker = time.monotonic(), [0.0]
 
-        mine_start, mine_end = {topic: start.get(topic, {})}, {topic: end.get(topic, {})}
-        total = sum(stop - mine_start[topic].get(p, stop) for p, stop in mine_end[topic].items())
-        if not total:
-            return []
-        seen = self._seen.get(topic)
-        began = time.monotonic()
-        if seen is None or time.monotonic() - seen[0] > _RECHECK_S:
-            held = archived_segments(self.catalog_schema, options.get("log_identity"), topic,
-                                     options["archive_root"])
-            seen = self._seen[topic] = (time.monotonic(), held, decoded_segments(
-                self.catalog_schema, held, source_decoding(options).fingerprint)
-                if held else {})
-        _, archived, decoded = seen
-        self._gaps.update({s.path: s.gap_offsets for segments in archived.values()
-                           for s in segments if s.gap_offsets})
-        asked = time.monotonic()
-        broker = self._broker_starts(topic) if archived else {}
-        self.phases["catalog"] += asked - began
-        self.phases["broker"] += time.monotonic() - asked
-        return read_tasks(mine_start, mine_end, chunk_size(total, self.cores,
-                                                           self.chunk_records),
-                          archived, decoded, broker)
+        def broker_starts() -> dict[tuple[str, int], int]:
+            asked = time.monotonic()
+            try:
+                return self._broker_starts(topic)
+            finally:
+                broker[0] += time.monotonic() - asked
+
+        tasks = plan_reads(view, start, end, self.cores, self.chunk_records, broker_starts)
+        if tasks:
+            for segments in view.held()[0].values():
+                self._gaps.update({s.path: s.gap_offsets for s in segments if s.gap_offsets})
+        self.phases["catalog"] += time.monotonic() - began - broker[0]
+        self.phases["broker"] += broker[0]
+        return tasks
 
     def _broker_starts(self, topic: str) -> dict[tuple[str, int], int]:
         return {k: v[0] for k, v in self._bounds([topic]).items()}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,13 +24,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from orchestrator.archive.coverage import SegmentRef, read_tasks, spans
+from orchestrator.archive.coverage import SegmentRef, spans
 from orchestrator.archive_model.decoding import Decoding, decoder_digest
 from orchestrator.archive_model.held import readable_bounds
 from orchestrator.errors import LogChangedError
 from orchestrator.kafka.endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
 from orchestrator.lag import (
-    chunk_size,
     log_changed_reason,
     log_mismatches,
     take_records,
@@ -42,6 +40,7 @@ from orchestrator.parsing import EventParser
 from orchestrator.schema import Struct, parse_ddl
 from orchestrator.spark.read.arrow import arrow_fields
 from orchestrator.spark.read.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
+from orchestrator.spark.read.planner import ArchiveView, plan_reads
 
 SOURCE_NAME = "kappa_kafka"
 _KAFKA_COLUMN_DDL = {
@@ -52,7 +51,6 @@ _KAFKA_COLUMN_DDL = {
 }
 KAFKA_DDL = ", ".join(_KAFKA_COLUMN_DDL.values())
 FIRST_BATCH_RECORDS = 10_000
-_ARCHIVE_RECHECK_S = 10.0
 
 
 def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
@@ -143,8 +141,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_batch_records = int(options["max_batch_records"])
         self.archive_root = options.get("archive_root") or None
         self._probe: Any = None
-        self._archive_seen: tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]] \
-            | None = None
+        self._archive = ArchiveView(options)
         self._last_bounds: dict[tuple[str, int], tuple[int, int]] = {}
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
@@ -228,21 +225,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
                    ) -> list[InputPartition]:
-        total = sum(stop - start.get(topic, {}).get(partition, stop)
-                    for topic, partitions in end.items() for partition, stop in partitions.items())
         if self.options.get("sink_reads"):
             return []  # the sink reads the batch itself (spark/read/sink_reads.py)
-        # Every core of the cluster gets a read task, whatever the number of Kafka partitions.
-        chunk = chunk_size(total, self.cores, self.chunk_records)
-        archived = self._archived() if total else {}
-        decoded = self._archive_seen[2] if archived and self._archive_seen else {}
-        # Only where the archive holds something: the broker's start, below which Kafka
-        # cannot serve a task's first offsets (as latestOffset just saw it, unless a restart
-        # plans its unfinished batch again first).
-        broker = (self._last_bounds or self._bounds()) if archived else {}
+
+        def broker_starts() -> dict[tuple[str, int], int]:
+            # As latestOffset just saw them, unless a restart plans its unfinished batch first.
+            return {k: v[0] for k, v in (self._last_bounds or self._bounds()).items()}
+
         return [KafkaRange(t.topic, t.partition, t.start, t.end, t.segments, t.cut)
-                for t in read_tasks(start, end, chunk, archived, decoded,
-                                    {k: v[0] for k, v in broker.items()})]
+                for t in plan_reads(self._archive, start, end, self.cores, self.chunk_records,
+                                    broker_starts)]
 
     def _readable(self, broker: dict[tuple[str, int], tuple[int, int]]
                   ) -> dict[tuple[str, int], tuple[int, int]]:
@@ -253,22 +245,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return readable_bounds(broker, spans(self.topic, self._archived()))
 
     def _archived(self) -> dict[int, list[Any]]:
-        """{partition: segments} the archive holds of the log this version reads. Segments
-        never change once recorded, so what was read stays true: a live query, whose batches
-        are past the archive's end, asks the catalog again only every ``_ARCHIVE_RECHECK_S``."""
-        from orchestrator.spark.read.archive_source import archived_segments, decoded_segments
-
-        if self.archive_root is None:
-            return {}
-        if self._archive_seen is None or time.monotonic() - self._archive_seen[0] > \
-                _ARCHIVE_RECHECK_S:
-            identity = self.options.get("log_identity")
-            held = archived_segments(self.options["catalog_schema"], identity, self.topic,
-                                     self.archive_root)
-            self._archive_seen = (time.monotonic(), held, decoded_segments(
-                self.options["catalog_schema"], held, source_decoding(self.options).fingerprint)
-                if self.options.get("decoded") else {})
-        return self._archive_seen[1]
+        """{partition: segments} the archive holds of the log this version reads."""
+        return self._archive.held()[0]
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:
         # Offsets are committed by the sink, in the same transaction as the output rows.
