@@ -32,7 +32,7 @@ _DEAD_LETTER_COLUMNS = ["kafka_offset", "kafka_timestamp", "_dead", "_dead_reaso
                         "_dead_key", "_dead_value"]
 # Each example is a Spark job: fewer than the Arrow path's own properties, which cover the
 # decode's cuts and chunks; these cover the JVM's reading of what the decode wrote.
-_SETTINGS = settings(max_examples=12, deadline=None, database=None,
+_SETTINGS = settings(max_examples=8, deadline=None, database=None,
                      suppress_health_check=[HealthCheck.too_slow,
                                             HealthCheck.function_scoped_fixture])
 _FILES = itertools.count()

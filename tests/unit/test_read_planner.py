@@ -63,7 +63,7 @@ class _View(ArchiveView):
     """The view with the catalog's answer given: counts how often it is asked."""
 
     def __init__(self, held: Held):
-        super().__init__(_options())
+        super().__init__("c", TOPIC, "/archive", None, "fingerprint")
         self.given, self.asked = held, 0
 
     def held(self) -> Held:
@@ -105,6 +105,7 @@ def test_a_batchs_read_tasks_tile_each_partition_and_read_each_offset_once(
 def test_the_view_asks_the_catalog_again_only_after_recheck_s(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.spark.read import archive_source
+    from orchestrator.spark.read.source import archive_view
 
     calls: list[str] = []
     segment = Segment(LINEAGE, 0, 0, 10, 10, (), 1, "x", "p0/0")
@@ -114,7 +115,7 @@ def test_the_view_asks_the_catalog_again_only_after_recheck_s(
                         lambda *_: calls.append("decoded") or {"p0/0": ("d", "y")})
     clock = [100.0]
     monkeypatch.setattr(planner.time, "monotonic", lambda: clock[0])
-    view = ArchiveView(_options())
+    view = archive_view(_options())
     assert view.held() == ({0: [segment]}, {"p0/0": ("d", "y")})
     clock[0] += planner.RECHECK_S - 1
     view.held()
@@ -124,8 +125,8 @@ def test_the_view_asks_the_catalog_again_only_after_recheck_s(
     assert calls == ["raw", "decoded"] * 2
     # A source that reads no decoded segment never asks for them; one with no archive, nothing.
     calls.clear()
-    ArchiveView(_options(decoded="")).held()
-    ArchiveView(_options(archive_root="")).held()
+    archive_view(_options(decoded="")).held()
+    archive_view(_options(archive_root="")).held()
     assert calls == ["raw"]
 
 

@@ -29,13 +29,10 @@ class ArchiveView:
     partition, and which of them are decoded under the source's decoding (none where the
     source reads no decoded segment)."""
 
-    def __init__(self, options: Mapping[str, str]):
-        from orchestrator.spark.read.source import source_decoding
-
-        self.catalog_schema, self.topic = options["catalog_schema"], options["topic"]
-        self.root = options.get("archive_root") or None
-        self.identity = options.get("log_identity")
-        self.decoding = source_decoding(options).fingerprint if options.get("decoded") else None
+    def __init__(self, catalog_schema: str, topic: str, root: str | None,
+                 identity_json: str | None, decoding: str | None):
+        self.catalog_schema, self.topic, self.root = catalog_schema, topic, root
+        self.identity, self.decoding = identity_json, decoding  # decoding: a fingerprint
         self._seen: tuple[float, dict[int, list[Any]], dict[str, tuple[str, str]]] | None = None
 
     def held(self) -> tuple[dict[int, list[Any]], dict[str, tuple[str, str]]]:

@@ -105,9 +105,11 @@ class SinkReads:
     def _tasks(self, topic: str, options: Mapping[str, str], start: Offsets, end: Offsets
                ) -> list[ReadTask]:
         """The batch's read tasks of ``topic``, cut by the planner that cuts the source's."""
+        from orchestrator.spark.read.source import archive_view
+
         view = self._views.get(topic)
         if view is None:
-            view = self._views[topic] = ArchiveView(options)
+            view = self._views[topic] = archive_view(options)
         began, broker = time.monotonic(), [0.0]
 
         def broker_starts() -> dict[tuple[str, int], int]:

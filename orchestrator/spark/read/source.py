@@ -95,6 +95,13 @@ def source_decoding(options: Mapping[str, str]) -> Decoding:
                     options["tombstones"], decoder=options["decoder"])
 
 
+def archive_view(options: Mapping[str, str]) -> ArchiveView:
+    """What the archive holds of the source's topic, as its options say where to look."""
+    return ArchiveView(options.get("catalog_schema") or "", options["topic"],
+                       options.get("archive_root") or None, options.get("log_identity"),
+                       source_decoding(options).fingerprint if options.get("decoded") else None)
+
+
 def declared_columns(options: Mapping[str, str]) -> tuple[str, ...] | None:
     columns = json.loads(options.get("columns") or "null")
     return None if columns is None else tuple(columns)
@@ -141,7 +148,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_batch_records = int(options["max_batch_records"])
         self.archive_root = options.get("archive_root") or None
         self._probe: Any = None
-        self._archive = ArchiveView(options)
+        self._archive = archive_view(options)
         self._last_bounds: dict[tuple[str, int], tuple[int, int]] = {}
         self._available_now_end: dict[str, dict[str, int]] | None = None
         self._served = False  # whether this query has offered a batch yet
