@@ -79,8 +79,11 @@ def _spark_read_the_same(spark: Any, directory: Path, segment: tuple[list[Any], 
     # A task's bounds are offsets of the log: never below 0, never past the largest long.
     lo, hi = max(start, 0), min(end, 2**63 - 1)
     source = StructType.fromDDL(KafkaLogSource({"schema": decoding.schema}).schema())
-    frame = decoded_frame(spark, [str(directory / name)], decoding.schema, source, TOPIC,
-                          {PARTITION: [(lo, hi)]})
+    # The file's extent, as a segment's reference gives it: a range that holds it whole
+    # is read with no offset filter, any other through the filter.
+    first, last = (records[0][0], records[-1][0] + 1) if records else (lo, lo)
+    frame = decoded_frame(spark, {str(directory / name): (PARTITION, first, last)},
+                          decoding.schema, source, TOPIC, {PARTITION: [(lo, hi)]})
     kept = [r for r in records if lo <= r[0] < hi]
     expected_rows, expected_dead = per_record(kept, decoding)
     schema = rows_schema(decoding)

@@ -145,7 +145,8 @@ class SinkReads:
         for task in tasks:
             ranges.setdefault(task.partition, []).append((task.start, task.end))
         event = parse_ddl(options["schema"]).ddl()
-        files = [f"{root}/{path}" for path in wanted]
+        files = {f"{root}/{ref.decoded_path}": (task.partition, ref.first_offset, ref.end_offset)
+                 for task in tasks for ref in task.segments if ref.decoded_path in wanted}
 
         def frame() -> Any:
             return decoded_frame(spark, files, event, schema, tasks[0].topic, ranges)
@@ -256,20 +257,34 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def decoded_frame(spark: Any, files: list[str], event_ddl: str, schema: Any, topic: str,
-                  ranges: Mapping[int, list[tuple[int, int]]]) -> Any:
+def decoded_frame(spark: Any, files: Mapping[str, tuple[int, int, int]], event_ddl: str,
+                  schema: Any, topic: str, ranges: Mapping[int, list[tuple[int, int]]]) -> Any:
     """The events of ``topic`` in ``ranges`` ({partition: [(start, end)]}) of its decoded
-    ``files``, read by Spark's Parquet reader, with the columns of the stream source's
-    ``schema``: what the sink reads a batch's decoded segments with."""
+    ``files`` ({path: (partition, first offset, end offset)}), read by Spark's Parquet reader,
+    with the columns of the stream source's ``schema``: what the sink reads a batch's decoded
+    segments with. A file that lies wholly inside a range is read with no offset filter, so
+    Spark decodes neither offset column for it (a tile's files mostly do)."""
     from pyspark.sql import functions as F
 
-    where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
-                        f"kafka_offset < {hi})" for p, spans in sorted(ranges.items())
-                        for lo, hi in _merged(spans))
-    return spark.read.schema(_decoded_ddl(event_ddl)).parquet(*files).where(
-        f"NOT {DEAD} AND ({where})").select(
-        *(F.lit(topic).alias(f.name) if f.name == "kafka_topic" else F.col(f.name)
-          for f in schema.fields))
+    merged = {p: _merged(spans) for p, spans in ranges.items()}
+    inside = [path for path, (p, first, end) in files.items()
+              if any(lo <= first and end <= hi for lo, hi in merged.get(p, ()))]
+    edges = [path for path in files if path not in inside]
+    reads = []
+    if inside:
+        reads.append(_parquet(spark, inside, event_ddl).where(f"NOT {DEAD}"))
+    if edges or not inside:
+        where = " OR ".join(f"(kafka_partition = {p} AND kafka_offset >= {lo} AND "
+                            f"kafka_offset < {hi})" for p, spans in sorted(merged.items())
+                            for lo, hi in spans) or "false"
+        reads.append(_parquet(spark, edges, event_ddl).where(f"NOT {DEAD} AND ({where})"))
+    columns = [F.lit(topic).alias(f.name) if f.name == "kafka_topic" else F.col(f.name)
+               for f in schema.fields]
+    return union([read.select(*columns) for read in reads])
+
+
+def _parquet(spark: Any, paths: list[str], event_ddl: str) -> Any:
+    return spark.read.schema(_decoded_ddl(event_ddl)).parquet(*paths)
 
 
 def dead_letter_rows(table: pa.Table, version_id: int, topic: str, partition: int, lo: int,
