@@ -69,7 +69,26 @@ def load_job_file(path: str | Path) -> JobSpec:
                            "or directory") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise JobFileError(f"cannot read job file {path}: {exc}") from exc
-    return parse_job_source(source, str(path), files=((path.name, data),), entry=path.name)
+    spec = parse_job_source(source, str(path), files=((path.name, data),), entry=path.name)
+    _refuse_relative_imports(spec.source, path)
+    return spec
+
+
+def _refuse_relative_imports(source: str, path: Path) -> None:
+    """A file deployed alone has nothing beside it to import: a relative import (often lazy,
+    inside transform()) would only fail at the version's first batch, its VERSION spent."""
+    found = next((node for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.ImportFrom) and node.level), None)
+    if found is None:
+        return
+    imported = "." * found.level + (found.module or "")
+    if (path.parent / ENTRY_FILE).is_file():
+        todo = f"deploy its directory instead: kappa deploy {path.parent}"
+    else:
+        todo = (f"make it a directory job ({ENTRY_FILE} with its helpers beside it) and deploy "
+                "that directory")
+    raise JobFileError(f"{path}:{found.lineno}: `from {imported} import ...` is a relative "
+                       f"import, which a job file deployed alone cannot resolve: {todo}")
 
 
 def _load_directory(root: Path) -> JobSpec:

@@ -55,6 +55,26 @@ def test_a_directory_job_is_fingerprinted_by_every_file(tmp_path: Path) -> None:
         load_job_file(job)
 
 
+def test_a_package_job_deployed_by_its_entry_file_is_refused_naming_its_directory(
+        tmp_path: Path) -> None:
+    """#61 path 12: `kappa deploy jobs/country_views/v1/job.py` loaded the file alone. Its
+    relative import is lazy (inside transform), so the deploy was accepted and the version
+    failed at its first batch with ModuleNotFoundError, its VERSION spent on a path mistake."""
+    entry = ROOT / "jobs/country_views/v1/job.py"
+    with pytest.raises(JobFileError) as refused:
+        load_job_file(entry)
+    message = str(refused.value)
+    assert "\n" not in message and "relative import" in message
+    assert f"kappa deploy {entry.parent}" in message and "from .attribution" in message
+    # A single-file job (no job.py beside it) is told to become a directory job.
+    alone = tmp_path / "alone.py"
+    alone.write_text(_STREAM.replace("    return events",
+                                     "    from ..helpers import f  # noqa\n    return events"))
+    with pytest.raises(JobFileError, match=r"alone\.py:\d+: .*from \.\.helpers.*job\.py"):
+        load_job_file(alone)
+    assert load_job_file(entry.parent).entry == "job.py"  # the directory deploys as ever
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (("bigint, address", "bigint, address strct<"), "EVENT_SCHEMA"),
     (('"stream"', '"streaming"'), "MODE must be one of"),
