@@ -53,9 +53,6 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
     if action == "down" and status.storage == stack.MEMORY:
         print("\nlog: it was in the broker's memory, and is gone; the versions that read it "
               "will show failed")
-    elif action == "down" and status.storage == stack.ARCHIVED:
-        print("\nlog: archived up to its end before the broker stopped; `kappa dev up` "
-              "restores it")
     else:
         print(f"\nlog: {status.storage_text}")
     if waiting:
@@ -100,7 +97,7 @@ def _as_json(status: Any) -> dict[str, Any]:
     return {
         "state_dir": str(status.state_dir), "running": status.running,
         "kafka_bootstrap": status.kafka_bootstrap, "storage": status.storage,
-        "cluster_id": status.cluster_id,
+        "cluster_id": status.cluster_id, "log_at_down": status.log_at_down,
         "services": [{"name": s.name, "pid": s.pid, "running": s.running,
                       "address": s.address} for s in status.services],
     }

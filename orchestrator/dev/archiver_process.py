@@ -45,11 +45,14 @@ def start_archiver(state_dir: Path, pg_dsn: str, bootstrap: str) -> dict[str, An
     return {"archiver_pid": pid, "archiver_cmdline": proc.cmdline()}
 
 
-def stop_archiver(proc: psutil.Process) -> None:
-    """SIGTERM: the archiver finishes its pass and makes a last one up to the log end."""
+def stop_archiver(proc: psutil.Process) -> bool:
+    """SIGTERM: the archiver finishes its pass and makes a last one up to the log end. True if
+    it exited by itself (its last pass ran), False if it was gone or had to be killed."""
     try:
         proc.send_signal(signal.SIGTERM)
     except psutil.NoSuchProcess:
-        return
-    if not poll(lambda: exited(proc), FINAL_PASS_TIMEOUT_S):
-        stop(proc, (signal.SIGKILL,))
+        return False
+    if poll(lambda: exited(proc), FINAL_PASS_TIMEOUT_S):
+        return True
+    stop(proc, (signal.SIGKILL,))
+    return False

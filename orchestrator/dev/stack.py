@@ -48,6 +48,10 @@ _PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
 _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
 _STORE_KEYS = ("store_pid", "store_cmdline")
 _ARCHIVER_KEYS = ("archiver_pid", "archiver_cmdline")
+# How the last `kappa dev down` left an ARCHIVED log: the archiver's last pass ran before the
+# broker stopped, or no archiver was there to make it.
+_LOG_AT_DOWN = "log_at_down"
+LAST_PASS, TAIL_LOST = "last pass", "tail lost"
 
 # The default, ARCHIVED: the broker keeps the log in memory, faster than its S3 store,
 # and the stack's archiver keeps its durable copy, restored at `kappa dev up`. S3: the broker
@@ -83,6 +87,7 @@ class StackStatus:
     cluster_id: str | None = None
     archiver: ServiceStatus | None = None  # the archiver of an ARCHIVED log
     ack_proxy: ServiceStatus | None = None  # notes what an ARCHIVED log's broker acknowledged
+    log_at_down: str | None = None  # LAST_PASS or TAIL_LOST once `kappa dev down` ran; else None
 
     @property
     def running(self) -> bool:
@@ -95,6 +100,8 @@ class StackStatus:
 
     @property
     def storage_text(self) -> str:
+        if self.storage == ARCHIVED and not self.broker.running:
+            return _stopped_text(self.log_at_down)
         if self.storage == ARCHIVED and self.archiver is not None \
                 and not self.archiver.running:
             return ("NOT durable now: the archiver is not running, so records written since "
@@ -108,6 +115,18 @@ class StackStatus:
         if self.storage == MEMORY:
             return "memory: volatile, lost when the broker stops"
         return "not started"
+
+
+def _stopped_text(log_at_down: str | None) -> str:
+    restores = "`kappa dev up` restores it from the archive (see `kappa archive status`)"
+    if log_at_down == LAST_PASS:
+        return (f"stopped: the archiver made its last pass before the broker stopped; "
+                f"{restores}")
+    if log_at_down == TAIL_LOST:
+        return ("stopped: no archiver ran when the broker stopped, so records written after its "
+                f"last pass were lost; {restores}")
+    return ("stopped: the broker is not running, and records it held past the archiver's last "
+            f"pass are lost; {restores}")
 
 
 def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = None,
@@ -160,6 +179,7 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
             record.update(start_broker(dev, record.get("broker_port"), store,
                                        archived=chosen == ARCHIVED))
             record["storage"] = chosen
+            record[_LOG_AT_DOWN] = None
             _write_record(state_dir, record)
         elif chosen == ARCHIVED and record.get("broker_listen_port") \
                 and live_process(record, "proxy") is None:
@@ -196,9 +216,11 @@ def down(state_dir: Path) -> StackStatus:
         with _locked(dev):
             record = read_stack_record(state_dir / STACK_FILE) or {}
             archiver = live_process(record, "archiver")
-            if archiver is not None:
-                # First, while the broker still runs: its last pass archives the log's tail.
-                stop_archiver(archiver)
+            # First, while the broker still runs: its last pass archives the log's tail.
+            last_pass = archiver is not None and stop_archiver(archiver)
+            if record.get("storage") == ARCHIVED and live_process(record, "broker") is not None:
+                # What `kappa dev status` says of the log once the broker's memory is gone.
+                record[_LOG_AT_DOWN] = LAST_PASS if last_pass else TAIL_LOST
             record.update(dict.fromkeys(_ARCHIVER_KEYS))
             _write_record(state_dir, record)
             services = (
@@ -263,7 +285,7 @@ def status(state_dir: Path) -> StackStatus:
         kafka_bootstrap=record.get("kafka_bootstrap") if broker else None,
         storage=storage, log_store=store,
         cluster_id=record.get("cluster_id") if broker else None, archiver=archiver,
-        ack_proxy=proxy,
+        ack_proxy=proxy, log_at_down=None if broker else record.get(_LOG_AT_DOWN),
     )
 
 
