@@ -25,7 +25,7 @@ from orchestrator.models import (
     JobSpec,
     TopicInput,
 )
-from orchestrator.naming import NAME_PATTERN, validate_name
+from orchestrator.naming import NAME_PATTERN, topic_name_problem, validate_name
 from orchestrator.schema import Struct, check_non_negative, from_flat, parse_ddl
 
 REQUIRED = ("NAME", "VERSION", "TOPICS", "KEY_COLUMNS", "OUTPUT_SCHEMA")
@@ -212,6 +212,10 @@ def _build_spec(lit: dict[str, Any], source: str, where: str, path: str,
 
 def _inputs(lit: dict[str, Any], where: str) -> tuple[tuple[TopicInput, ...], bool]:
     topics = _str_list(lit, "TOPICS", where)
+    for topic in topics:
+        problem = topic_name_problem(topic)
+        if problem is not None:
+            raise JobFileError(f"{where}: {problem}: fix TOPICS")
     if not topics:
         raise JobFileError(f"{where}: TOPICS must name at least one topic")
     if len(set(topics)) != len(topics):

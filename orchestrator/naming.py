@@ -28,6 +28,20 @@ def validate_name(value: str, what: str = "name") -> str:
     return value
 
 
+# Kafka's own rule for a topic name (clients and brokers refuse any other): a name kappa uses
+# as a path component of the archive can then never climb out of it.
+TOPIC_PATTERN = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def topic_name_problem(topic: object) -> str | None:
+    """Why ``topic`` is not a name Kafka would accept, in one line; None if it is one."""
+    if not isinstance(topic, str) or TOPIC_PATTERN.fullmatch(topic) is None \
+            or topic in (".", ".."):
+        return (f"invalid topic name {topic!r}: Kafka's rule is 1-249 characters of "
+                "[a-zA-Z0-9._-], not '.' or '..'")
+    return None
+
+
 def output_table(job: str, version: str) -> str:
     """The physical output table of one job version: ``<job>__<version>``."""
     return _checked(f"{validate_name(job, 'job name')}__{validate_name(version, 'version')}")

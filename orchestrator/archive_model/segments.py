@@ -17,6 +17,7 @@ from enum import Enum
 from itertools import pairwise
 
 from orchestrator.errors import KappaError
+from orchestrator.naming import topic_name_problem
 
 # (offset, timestamp ms, timestamp type, key, value, headers): the timestamp type is librdkafka's
 # (0 none, 1 create time, 2 log-append time); headers are [(name, value)] or None.
@@ -51,6 +52,11 @@ class Lineage:
     cluster_id: str
     topic: str
     topic_id: str
+
+    def __post_init__(self) -> None:
+        problem = topic_name_problem(self.topic)
+        if problem is not None:  # the topic is the first component of the archive's paths
+            raise ArchiveError(f"{problem}: name an existing topic of the log")
 
     @property
     def folder(self) -> str:

@@ -189,3 +189,22 @@ def test_pruning_a_decoding_removes_the_files_it_wrote_whatever_the_topic_id(
     forget.assert_called_once()
     assert not list((tmp_path / "archive").rglob("*.parquet")), \
         list((tmp_path / "archive").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("topic", ["..", ".", "../../etc", "a/b", "", "x" * 250, "é", "a b"])
+def test_a_topic_name_kafka_would_refuse_never_becomes_an_archive_path(topic: str) -> None:
+    """#61 path 9: a topic name became the archive path's first component unchecked, so "..",
+    "a/b" or "../../etc" named a directory outside the lineage's tree. Kafka's own rule
+    (1-249 characters of [a-zA-Z0-9._-], not "." or "..") is the archive's."""
+    with pytest.raises(ArchiveError, match=r"invalid topic name .*Kafka's rule"):
+        Lineage("kappa-memory-0452df21447e", topic, "AaJMP_WcxOkAx5QCdmOjw")
+
+
+def test_a_job_naming_a_topic_kafka_would_refuse_is_refused_at_deploy() -> None:
+    from orchestrator.errors import JobFileError
+    from orchestrator.jobspec import parse_job_source
+
+    source = (Path(__file__).resolve().parents[2] / "jobs/pageview_counts/v1.py").read_text()
+    assert 'TOPICS = ["pageviews"]' in source
+    with pytest.raises(JobFileError, match=r"v1\.py: invalid topic name '\.\./x'.*Kafka's rule"):
+        parse_job_source(source.replace('TOPICS = ["pageviews"]', 'TOPICS = ["../x"]'), "v1.py")
