@@ -50,6 +50,7 @@ POINTS = (
     "batch.before_spark_commit",  # the sink is done; Spark has not written its commit log
     "batch.start",  # a micro-batch reached the sink: none of it is read (by any path) or committed
     "batch.staged",  # a batch's (or tile's) rows and read counts are staged; none is committed
+    "driver.start",  # a driver process starts: nothing is recorded, no Spark session exists
     "driver.measure_lag",  # the driver asks how far behind the log end it is
     "driver.going_live",  # caught_up is recorded, not yet committed; live is next
     "tile.planned",  # a batch phase's tile plan is recorded; nothing of it is read or staged

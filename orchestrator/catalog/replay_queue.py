@@ -48,6 +48,13 @@ def holding_slots(conn: psycopg.Connection, schema: str) -> int:
     return int(row[0]) if row else 0
 
 
+def holders(conn: psycopg.Connection, schema: str) -> list[int]:
+    """The ids of the versions whose runs hold a slot."""
+    rows = conn.execute(sql.SQL("SELECT r.version_id FROM {} r WHERE " + _HOLDING)
+                        .format(qualified(schema, "runs"))).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def next_in_line(conn: psycopg.Connection, schema: str, limit: int | None) -> list[int]:
     """The queued versions' ids in the order they get slots: priority, then age."""
     rows = conn.execute(

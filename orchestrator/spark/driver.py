@@ -222,6 +222,7 @@ def run_driver(args: argparse.Namespace, settings: Settings, spark: Any | None =
     """Run the version's driver to its end; its exit status."""
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fail_point("driver.start")
     driver = Driver(settings, args.job, args.version, args.attempt)
     try:
         driver.run(spark)

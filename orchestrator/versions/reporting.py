@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from orchestrator.catalog import events, output, runs, versions
+from orchestrator.catalog import events, output, replay_queue, runs, versions
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.errors import (
     KappaError,
@@ -100,6 +100,7 @@ def catch_up_progress(catalog: CatalogAccess, job: str, version: str, *, max_lag
     trigger) call this until ``status.caught_up(max_lag)``."""
     st = version_status(catalog, job, version)
     if st.state == RunState.QUEUED:
+        fail_dead_slot_holders(catalog)
         where = budget.waiting(catalog, job, version)
         if where is not None:
             return replace(st, reason=where)
@@ -163,6 +164,18 @@ def status_of(catalog: CatalogAccess, conn: psycopg.Connection, v: DeployedVersi
         log_tail=launcher.log_tail(run.log_path) if run.state == RunState.FAILED else (),
         log_gone=bool(gone) or read_lost_records(run.reason), decoded=decoded,
     )
+
+
+def fail_dead_slot_holders(catalog: CatalogAccess) -> None:
+    """Record as failed each catch-up holding a replay slot whose driver is gone, so that the
+    queue's next look hands its slot on: with no agent sampling the versions, nobody else
+    would notice (a waiting deploy waited out its timeout)."""
+    schema = catalog.settings.catalog_schema
+    with catalog.connection() as conn:
+        for version_id in replay_queue.holders(conn, schema):
+            with conn.transaction():
+                check_liveness(catalog, conn, versions.by_id(conn, schema, version_id),
+                               runs.get(conn, schema, version_id))
 
 
 def check_liveness(catalog: CatalogAccess, conn: psycopg.Connection, v: DeployedVersion,
