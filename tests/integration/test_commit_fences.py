@@ -1,0 +1,54 @@
+"""The commit's two fences, promised by docs/operations.md and never triggered by a test until
+#61: a replaced driver that still runs cannot commit (StaleDriverError), and a batch that does
+not start where the last one ended is refused. PostgreSQL only: the version is registered by a
+deploy whose driver ends at the fail point driver.start, and the batches are committed here, as
+a driver's sink commits them (catalog/batches.py apply_batch)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import job_file
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_a_replaced_attempt_cannot_commit_and_a_batch_must_start_where_the_last_ended(
+        settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.catalog import versions
+    from orchestrator.catalog.batches import StaleDriverError, apply_batch
+    from orchestrator.errors import ConflictError
+    from orchestrator.failpoints import ENV
+    from orchestrator.service import Orchestrator
+
+    settings = replace(settings, warm_spares=0,  # type: ignore[type-var]
+                       spare_dir=tmp_path / "no-spares")
+    service = Orchestrator(settings)  # type: ignore[arg-type]
+    service.produce_sample(topic, 100, seed=1)
+    monkeypatch.setenv(ENV, "driver.start=exit")  # registered, and no driver commits anything
+    deployed = service.deploy(job_file(tmp_path, "v1", topic))
+    attempt = deployed.status.attempt
+    s = service.settings
+
+    def commit(attempt: int, batch_id: int, start: int, end: int) -> object:
+        with service.catalog.connection() as conn:
+            version = versions.get(conn, s.catalog_schema, "pageview_counts", "v1")
+            # An empty write: the fences come before any row moves.
+            return apply_batch(conn, s.catalog_schema, s.data_schema, version, attempt,
+                               batch_id, {topic: {"0": start}}, {topic: {"0": end}}, "none")
+
+    with pytest.raises(StaleDriverError, match=f"attempt {attempt - 1} .* was replaced"):
+        commit(attempt - 1, 0, 0, 40)  # the driver that a restart replaced
+    with pytest.raises(ConflictError, match=r"starts at .*@10 but the catalog has processed up "
+                                            r"to 0"):
+        commit(attempt, 0, 10, 40)  # a gap after the log's start
+    assert commit(attempt, 0, 0, 40).applied  # type: ignore[attr-defined]
+    for start in (30, 50):  # an overlap, a gap
+        with pytest.raises(ConflictError, match=f"@{start} but the catalog has processed up "
+                                                "to 40"):
+            commit(attempt, 1, start, 60)
+    assert commit(attempt, 1, 40, 60).applied  # type: ignore[attr-defined]
+    assert not commit(attempt, 1, 40, 60).applied  # type: ignore[attr-defined]  # idempotent
