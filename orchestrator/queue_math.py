@@ -35,30 +35,40 @@ def median_rate(rates: Sequence[float | None]) -> float | None:
 
 
 def queue_estimates(running_etas: Sequence[float | None], slots: int | None,
-                    queued_records: Sequence[int | None], rate: float | None
-                    ) -> list[tuple[float | None, float | None]]:
+                    queued_records: Sequence[int | None], rate: float | None, *,
+                    held: bool = False) -> list[tuple[float | None, float | None]]:
     """(seconds until a slot, seconds until caught up) of each queued version, in queue order.
 
-    ``running_etas``: the catch-ups holding slots; ``slots``: the budget (None: no budget, so
-    nobody waits); ``queued_records``: each queued version's records to replay."""
+    ``running_etas``: the catch-ups holding slots, which may be more than ``slots`` (after a
+    restart over the budget, or a lowered budget); ``slots``: the budget (None: no budget, so
+    nobody waits); ``queued_records``: each queued version's records to replay; ``held``: live
+    first holds the queue, so nothing starts until a moment nobody can give."""
+    if held:
+        return [(None, None)] * len(queued_records)
     if slots is None:
-        frees: list[float | None] = [0.0] * len(queued_records)
-    else:
-        frees = list(running_etas) + [0.0] * max(0, slots - len(running_etas))
+        return [(0.0, None if r is None or rate is None else r / rate) for r in queued_records]
+    ends = list(running_etas)  # when each slot holder is done (None: unknown)
     result: list[tuple[float | None, float | None]] = []
+    started: float | None = 0.0  # the queue starts its versions in order
     for records in queued_records:
-        if not frees:
-            result.append((None, None))
-            continue
-        known = [(t, i) for i, t in enumerate(frees) if t is not None]
-        if len(known) < len(frees) and (not known or min(known)[0] > 0):
-            # The slot that frees first may be one whose time is unknown.
-            wait: float | None = None
-            slot = next(i for i, t in enumerate(frees) if t is None)
-        else:
-            wait, slot = min(known)
+        if started is not None:
+            started = _slot_frees(ends, slots, started)
         own = None if records is None or rate is None else records / rate
-        done = None if wait is None or own is None else wait + own
-        frees[slot] = done
-        result.append((wait, done))
+        done = None if started is None or own is None else started + own
+        if started is not None:  # who is done by then no longer holds a slot
+            ends = [e for e in ends if e is None or e > started]
+        ends.append(done)
+        result.append((started, done))
     return result
+
+
+def _slot_frees(ends: list[float | None], slots: int, after: float) -> float | None:
+    """When fewer than ``slots`` of the holders done at ``ends`` are left, not before
+    ``after``; None when that depends on a holder whose end is unknown."""
+    over = len(ends) - slots  # this many must be done first, and one more
+    if over < 0:
+        return after
+    known = sorted(e for e in ends if e is not None)
+    if len(known) < len(ends) and (len(known) <= over or known[over] > after):
+        return None  # an unknown end may come first: never assumed to come last
+    return max(after, known[over])

@@ -153,13 +153,14 @@ def listing(catalog: CatalogAccess, measure: Any) -> list[dict[str, Any]]:
     s = catalog.settings
     with catalog.connection() as conn:
         rows = queue.entries(conn, s.catalog_schema)
+        held = queue.current_hold(conn, s.catalog_schema) is not None
     lags = {(job, version): measure(job, version)[0] for job, version, *_ in rows}
     holding = [r for r in rows if r[2] != RunState.QUEUED.value]
     waiting = [r for r in rows if r[2] == RunState.QUEUED.value]
     rate = median_rate([lags[(j, v)].processing_rate for j, v, *_ in holding])
     estimates = queue_estimates([lags[(j, v)].eta_seconds for j, v, *_ in holding],
                                 s.replay_budget, [lags[(j, v)].lag_records
-                                                  for j, v, *_ in waiting], rate)
+                                                  for j, v, *_ in waiting], rate, held=held)
     now = datetime.now(UTC)
     result = []
     for place, (job, version, state, priority, queued_at, started_at) in enumerate(rows):

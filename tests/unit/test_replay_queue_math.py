@@ -45,6 +45,24 @@ def test_an_unknown_figure_stays_unknown_for_everyone_behind_it_on_that_slot() -
     assert queue_estimates([None, 5.0], 2, [50], 10.0) == [(None, None)]
 
 
+def test_more_holders_than_slots_free_a_slot_only_once_enough_are_done() -> None:
+    """#61 path 7: after a restart over the budget, or a lowered replay_slots, three catch-ups
+    hold two slots. A queued version starts once two of them are done (at 20 s), not when the
+    first is (the estimate said 10 s)."""
+    assert queue_estimates([10.0, 20.0, 30.0], 2, [100], 10.0) == [(20.0, 30.0)]
+    assert queue_estimates([30.0, 10.0, 20.0], 1, [100, 100], 10.0) == [(30.0, 40.0),
+                                                                         (40.0, 50.0)]
+    # One holder with no ETA among them: when enough are done cannot be said.
+    assert queue_estimates([10.0, None, 30.0], 2, [100], 10.0) == [(None, None)]
+
+
+def test_while_live_first_holds_the_queue_no_wait_is_known() -> None:
+    """#61 path 7: while live first holds the queue nothing starts, until the live versions
+    are back under their limit, a moment nobody can give: a free slot is no wait then."""
+    assert queue_estimates([30.0], 2, [100, 100], 10.0, held=True) == [(None, None)] * 2
+    assert queue_estimates([], None, [100], 10.0, held=True) == [(None, None)]
+
+
 def test_the_median_rate_ignores_what_was_not_measured() -> None:
     assert median_rate([None, 0.0, 100.0, 300.0]) == 200.0
     assert median_rate([None, 0.0]) is None
