@@ -51,16 +51,20 @@ def get(conn: psycopg.Connection, schema: str, version_id: int, *, for_update: b
 def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion,
                  target: RunState, *, reason: str | None = None,
                  expect_attempt: int | None = None, expect_state: RunState | None = None,
-                 **changes: Any) -> RunRecord | None:
+                 while_active: bool = False, **changes: Any) -> RunRecord | None:
     """Move the run to ``target`` inside the caller's transaction, and log the event.
 
     With ``expect_attempt`` (drivers pass their own), a driver that has been replaced by a
     restart changes nothing and gets None: it must stop. With ``expect_state``, a change
     judged from the run as it was (a dead driver seen in a state that a stop or a pause has
-    left since) changes nothing and gets None.
+    left since) changes nothing and gets None. With ``while_active`` (a driver's own changes),
+    a run that a stop or a pause has left since changes nothing and gets None: on another host
+    the driver learns of it only now, and must stop.
     """
     current = get(conn, schema, version.id, for_update=True)
     if expect_attempt is not None and current.attempt != expect_attempt:
+        return None
+    if while_active and not current.state.is_active:
         return None
     if expect_state is not None and current.state != expect_state:
         return None

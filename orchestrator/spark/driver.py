@@ -70,10 +70,11 @@ class Driver:
             with self.conn.transaction():
                 return runs.change_states(self.conn, self.settings.catalog_schema, self.version,
                                           targets, reason=reason, expect_attempt=self.attempt,
-                                          **changes)
+                                          while_active=True, **changes)
 
         if self.retries.wait_out_outages(change, f"record {targets[-1].value}") is None:
-            raise StaleDriverError(f"attempt {self.attempt} was replaced; exiting")
+            raise StaleDriverError(f"attempt {self.attempt} was replaced, or its run stopped or "
+                                   "paused; exiting")
 
     def run(self, spark: Any | None = None) -> None:
         """Replay, then go live; on ``spark``, a warm spare's session, if one was adopted."""

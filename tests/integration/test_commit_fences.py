@@ -52,3 +52,43 @@ def test_a_replaced_attempt_cannot_commit_and_a_batch_must_start_where_the_last_
             commit(attempt, 1, start, 60)
     assert commit(attempt, 1, 40, 60).applied  # type: ignore[attr-defined]
     assert not commit(attempt, 1, 40, 60).applied  # type: ignore[attr-defined]  # idempotent
+
+
+def test_a_paused_run_is_left_queued_by_its_driver_that_has_not_stopped_yet(
+        settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#61 path 4: live first pauses a catch-up back into the queue, but a driver on another
+    host is not signalled: it goes on until its next heartbeat. If it reached the log end in
+    that window, queued -> caught_up raised StateError, and its catch-all then recorded
+    failed, which queued allows, with an attempt that still matched: the version left the
+    queue, failed. Its driver must stop and leave the run as the pause left it."""
+    from orchestrator.catalog import runs, versions
+    from orchestrator.catalog.batches import StaleDriverError
+    from orchestrator.failpoints import ENV
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark.driver import Driver
+    from orchestrator.states import RunState
+
+    settings = replace(settings, warm_spares=0,  # type: ignore[type-var]
+                       spare_dir=tmp_path / "no-spares")
+    service = Orchestrator(settings)  # type: ignore[arg-type]
+    service.produce_sample(topic, 100, seed=1)
+    monkeypatch.setenv(ENV, "driver.start=exit")
+    attempt = service.deploy(job_file(tmp_path, "v1", topic)).status.attempt
+    s = service.settings
+    remote = Driver(s, "pageview_counts", "v1", attempt)  # the driver, as it runs elsewhere
+    try:
+        remote.set_state(RunState.REPLAYING)
+        with service.catalog.connection() as conn, conn.transaction():  # live first's pause
+            version = versions.get(conn, s.catalog_schema, "pageview_counts", "v1")
+            runs.change_state(conn, s.catalog_schema, version, RunState.QUEUED,
+                              reason="paused by live first: a test")
+        with pytest.raises(StaleDriverError):
+            remote.set_state(RunState.CAUGHT_UP, RunState.LIVE)  # it reached the log end
+        with pytest.raises(StaleDriverError):
+            remote.set_state(RunState.FAILED, reason="what its catch-all records")
+    finally:
+        remote.conn.close()
+        remote.log_clients.close()
+    after = service.version_status("pageview_counts", "v1")
+    assert after.state == RunState.QUEUED and after.attempt == attempt, after
+    assert after.reason == "paused by live first: a test", after
