@@ -234,7 +234,9 @@ class Archiver:
         names = list(dict.fromkeys([*topics, *(s.lineage.topic for s in segments)]))
         try:
             identity = log_identity(self.kafka, names)
-            bounds = dict(log_bounds(self.kafka, names)) if names else {}
+            # A deleted topic has no bounds: asked for, it would hide every topic's.
+            held = [name for name in names if identity.topics.get(name)]
+            bounds = dict(log_bounds(self.kafka, held)) if held else {}
         except KappaError as exc:  # the broker's figures are unknown, the archive's are not
             log.warning("cannot read the log bounds (%s): shown as unknown", exc)
             identity, bounds = None, {}

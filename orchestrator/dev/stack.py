@@ -136,7 +136,8 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
     ``storage`` (or ``memory``: True for MEMORY, False for the default) picks where the log
     lives; None keeps what a running broker uses, else ARCHIVED. A running broker with another
     storage is refused: it would have to stop, and a memory broker's log with it. ``restore``
-    runs for an ARCHIVED log whenever the archiver is not running yet."""
+    runs for an ARCHIVED log whose broker lost it (or whose last restore was cut short), before
+    the archiver starts."""
     state_dir = state_dir.resolve()
     dev = state_dir / "dev"
     dev.mkdir(parents=True, exist_ok=True)
@@ -192,10 +193,14 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 # the restore has put the old ones back.
                 stop(archiver, (signal.SIGKILL,))
                 archiver = None
+            held = held_client_id(held_path(dev))
             if archiver is None:
-                if restore is not None:
+                # Only a broker that lost its log is restored, always behind the hold: one that
+                # kept it lacks only topics that clients deleted (the archiver's next pass ends
+                # their lineages), unless a restore into it was cut short, which held clients.
+                if restore is not None and (not broker_running or held is not None):
                     restore(record["pg_dsn"], record["kafka_bootstrap"], lost_broker_acks(dev),
-                            lost_broker_deletions(dev), held_client_id(held_path(dev)))
+                            lost_broker_deletions(dev), held)
                     lost_ledger_path(dev).unlink(missing_ok=True)
                 release(dev)
                 record.update(start_archiver(state_dir, record["pg_dsn"],

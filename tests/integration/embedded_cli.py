@@ -67,8 +67,12 @@ def archive_rows(state_dir: Path, topic: str = TOPIC) -> list[dict[str, Any]]:
 
 
 def archived(state_dir: Path) -> bool:
+    """Whether every topic the broker holds is archived to its end (a deleted topic's
+    archive stays, in a lineage that is no longer current)."""
     rows = archive_rows(state_dir)
-    return bool(rows) and all(r["current"] and r["behind"] == 0 for r in rows)
+    held = {r["topic"] for r in rows if r["current"]}
+    return bool(held) and all(r["current"] and r["behind"] == 0 for r in rows
+                              if r["topic"] in held)
 
 
 def archived_records(state_dir: Path, topic: str) -> int:

@@ -35,6 +35,7 @@ from integration.embedded_cli import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.broker_storage("archive")]
 RETRIED = "retried"  # written by a producer that retries through a broker's crash
+DELETED = "deleted_by_a_client"  # archived, then deleted while no archiver runs
 
 
 def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held(
@@ -53,6 +54,7 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         # Transaction markers: offsets with no record, which the restore must put back too.
         ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "152",
             "--transactional")
+        ok(state, "produce-sample", "--topic", DELETED, "--count", "200", "--seed", "150")
         # `kappa dev up` keeps a warm spare driver, which the first deploy adopts.
         spare = up["warm_spare_pid"]
         wait_until(lambda: spare_ready(state, spare), 240, "the spare to warm")
@@ -72,12 +74,17 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         assert read_records(bootstrap, TOPIC) == before  # offsets, timestamps, keys, values
 
         # A crash of the archiver: the next `kappa dev up` starts one; the broker lives on.
+        # A topic that a client deletes meanwhile stays deleted (#61 path 1: `dev up`, as its
+        # status told the user to run, restored it with every archived record).
         broker = pid_of(state, "broker")
         kill(pid_of(state, "archiver"))
         assert not stack_json(state)["running"]
         ok(state, "produce-sample", "--topic", TOPIC, "--count", "400", "--seed", "153")
-        assert "restored pageviews" not in ok(state, "dev", "up")
+        _delete_topic(bootstrap, DELETED)
+        again = ok(state, "dev", "up")
+        assert "restored pageviews" not in again and f"restored {DELETED}" not in again, again
         assert pid_of(state, "broker") == broker
+        assert DELETED not in _topics(bootstrap)
         wait_archived(state, "the new archiver to catch up")
         ok(state, "wait", "pageview_counts", "v1", "--timeout", "300")
         assert exact(state), "v1's output after the broker's crash differs from the log's"
@@ -102,6 +109,8 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         archiver.kill()
 
         crashed = json.loads(ok(state, "dev", "up", "--json"))["restore"]
+        assert crashed["ended"] == [DELETED]  # deleted before the broker was lost: not restored
+        assert DELETED not in _topics(bootstrap)
         lost = {r["partition"]: (r["first_offset"], r["end_offset"]) for r in crashed["lost"]}
         assert lost == {p: (archived_end[p], seen_end[p]) for p in seen_end
                         if seen_end[p] > archived_end[p]} != {}
@@ -119,6 +128,22 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         assert _spares_started_by(state) == []
     finally:
         tear_down(state)
+
+
+def _delete_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer comes
+    admin.delete_topics([topic])[topic].result(30)
+    wait_until(lambda: topic not in _topics(bootstrap), 30, f"{topic} to be deleted")
+
+
+def _topics(bootstrap: str) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    # No auto-creation: a Metadata request that named the topic would create it again.
+    listed = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    return set(listed.topics)
 
 
 def _spares_started_by(state: Path) -> list[int]:
