@@ -84,8 +84,11 @@ def test_reprocess_with_a_bandit_conf_defers_between_looks_and_promotes(
         v2_steps = [(h["action"], h["percent"]) for h in history if h["to"] == "v2"]
         assert v2_steps[0] == ("ab", 20) and v2_steps[-1] == ("promote", 100), v2_steps
         assert all(f"airflow {run_id}" in h["who"] for h in history if h["to"] == "v2")
-        moved = [h for h in history if h["reason"] and "P(candidate better)" in h["reason"]]
-        assert moved, history  # the bandit's steps, each with the posterior behind it
+        # The bandit's steps between the start and the promote, each with the posterior behind
+        # it. How many there are is the machine's timing: a slow one may gather enough for a
+        # decision before any look has moved the share (a chance failure of `assert moved`).
+        steps = [h for h in history if h["to"] == "v2"][1:-1]
+        assert all(h["reason"] and "P(candidate better)" in h["reason"] for h in steps), history
         status = json.loads(kappa_cli(settings, "experiment", JOB, "--json").stdout)
         assert status["plan"] == found["plan"] and status["verdict"] == "promote"
     finally:

@@ -33,10 +33,10 @@ def test_the_log_is_durable_only_while_the_archiver_runs(running: bool) -> None:
         assert "archiver is not running" in text and "kappa dev up" in text, text
 
 
-_SLEEPER = ("import signal, sys, time\n"
+_SLEEPER = ("import signal, sys\n"
             "signal.signal(signal.{sig}, lambda *_: sys.exit(0))\n"
             "print('ready', flush=True)\n"
-            "time.sleep(120)\n")
+            "signal.pause()\n")
 
 
 def _stand_in(sig: str) -> subprocess.Popen[bytes]:
