@@ -192,6 +192,26 @@ class ReplayHold:
 
 
 @dataclass(frozen=True)
+class QueueKeeper:
+    """A process that hands out replay slots at a steady interval: `kappa agent`, or the
+    embedded stack's queue keeper."""
+    keeper: str  # what it is and where: "kappa agent on HOST (pid N)"
+    every_s: float  # how often it looks
+    looked_s_ago: float  # since its last look, by the catalog's clock
+
+    @property
+    def keeping(self) -> bool:
+        """Whether it still looks: a few intervals may pass unseen (a slow look, a short
+        outage), not more."""
+        return self.looked_s_ago <= max(KEEPER_MISSED_LOOKS * self.every_s, KEEPER_GRACE_S)
+
+
+# A keeper counts as gone once this many of its intervals, or this many seconds, passed with
+# no look.
+KEEPER_MISSED_LOOKS, KEEPER_GRACE_S = 3, 15.0
+
+
+@dataclass(frozen=True)
 class AliasState:
     job: str
     alias: str

@@ -67,7 +67,9 @@ def stack() -> Iterator[object]:
     if SHARED_STORAGE not in dev_stack.STORAGES:
         raise pytest.UsageError(f"KAPPA_TEST_BROKER_STORAGE={SHARED_STORAGE!r}: use one of "
                                 f"{', '.join(dev_stack.STORAGES)}")
-    status = dev_stack.up(state_dir, storage=SHARED_STORAGE)
+    # No queue keeper: every test has a catalog schema of its own, which the keeper (serving
+    # the default schema) would never look at; tests hand out their slots themselves.
+    status = dev_stack.up(state_dir, storage=SHARED_STORAGE, queue_keeper=False)
     try:
         yield status
     finally:

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from orchestrator.catalog.db import qualified
-from orchestrator.models import ReplayHold
+from orchestrator.models import QueueKeeper, ReplayHold
 
 _HOLDING = "r.state IN ('starting', 'replaying') AND r.caught_up_at IS NULL"
 
@@ -157,3 +157,22 @@ def counts(conn: psycopg.Connection, schema: str) -> tuple[int, int]:
         sql.SQL("SELECT count(*) FILTER (WHERE " + _HOLDING + "), count(*) FILTER (WHERE "
                 "r.state = 'queued') FROM {} r").format(qualified(schema, "runs"))).fetchone()
     return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def note_look(conn: psycopg.Connection, schema: str, keeper: str, every_s: float) -> None:
+    """Note that ``keeper``, which looks every ``every_s`` seconds, handed out slots now."""
+    table = qualified(schema, "queue_keepers")
+    conn.execute(sql.SQL("INSERT INTO {} (keeper, every_s) VALUES (%s, %s) ON CONFLICT (keeper) "
+                         "DO UPDATE SET every_s = EXCLUDED.every_s, looked_at = now()")
+                 .format(table), (keeper, every_s))
+    conn.execute(sql.SQL("DELETE FROM {} WHERE looked_at < now() - interval '1 day'")
+                 .format(table))
+
+
+def keepers(conn: psycopg.Connection, schema: str) -> list[QueueKeeper]:
+    """Every process that noted a look in the last day, the most recent first."""
+    rows = conn.execute(
+        sql.SQL("SELECT keeper, every_s, EXTRACT(EPOCH FROM now() - looked_at)::float8 FROM {} "
+                "ORDER BY looked_at DESC, keeper").format(qualified(schema, "queue_keepers"))
+    ).fetchall()
+    return [QueueKeeper(str(k), float(e), max(0.0, float(a))) for k, e, a in rows]

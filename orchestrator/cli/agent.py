@@ -12,6 +12,7 @@ from orchestrator.lag import Thresholds
 from orchestrator.metrics.exporter import Snapshot
 from orchestrator.metrics.server import serve
 from orchestrator.observe.supervisor import Supervisor
+from orchestrator.versions.queue_keeper import keeper_name
 
 
 def run_agent(service: Any, args: argparse.Namespace) -> int:
@@ -22,9 +23,11 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
     supervise = getattr(args, "restart", False)
     supervisor = Supervisor(service)
 
+    keeper = (keeper_name("kappa agent"), args.interval)
+
     def take() -> Snapshot:
         if args.command == "agent":
-            service.replays.schedule()  # the replay slots that freed go to the queue
+            service.replays.schedule(keeper)  # the replay slots that freed go to the queue
         if supervise:
             supervisor.tick()
             service.keep_spares()  # this host's warm spare drivers, replaced once adopted

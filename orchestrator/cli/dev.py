@@ -27,6 +27,7 @@ def run_dev(settings: Settings, action: str, as_json: bool, *, memory: bool = Fa
     if action == "reset":
         return _reset(settings, as_json, yes)
     if action == "down":
+        stack.stop_queue_keeper(settings.state_dir)  # it would start queued versions again
         _stop_drivers(settings)
     restored: list[Any] = []
     if action == "up":

@@ -10,6 +10,7 @@ from typing import Any
 from orchestrator.cli import outcomes as outcome_commands
 from orchestrator.cli.output import ProgressBar, print_error, print_json, status_table, table
 from orchestrator.errors import KappaError
+from orchestrator.states import RunState
 
 BREAKING_HELP = ("split even when the version removes output columns (its keys read NULL "
                  "there) or retypes them (served as text while both serve); a version that "
@@ -64,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--priority", default="0",
                    help="its place in the replay queue when replay_slots are all taken: an "
                    "integer from -1000 to 1000, higher first, then the older (default 0)")
-    _command(sub, "queue", "the replay budget: catch-ups holding slots, queued versions, ETAs")
+    q = _command(sub, "queue", "the replay budget: catch-ups holding slots, queued versions, "
+                 "ETAs, and who hands the slots out")
+    q.add_argument("action", nargs="?", choices=["keep"],
+                   help="keep: hand out the slots every --interval seconds until stopped, as "
+                   "`kappa agent` does (`kappa dev up` runs one)")
+    q.add_argument("--interval", type=float, default=2.0,
+                   help="keep: seconds between looks (default 2)")
 
     _command(sub, "status", "every version: state, driver, table, offsets, lag", "job?")
     _command(sub, "stop", "stop a version's driver", "job", "version")
@@ -221,6 +228,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(status_table(statuses) if statuses else "no job versions deployed yet: "
                   "`kappa deploy jobs/<job>/<version>.py`")
+            if any(st.state == RunState.QUEUED for st in statuses):
+                from orchestrator.cli.queue import unkept_warning
+
+                unkept = unkept_warning(service.replays.keepers())
+                if unkept is not None:
+                    print(unkept)
         return 0
     if cmd in ("stop", "restart"):
         st = (service.restart(args.job, args.version, allow_gap=args.allow_gap,

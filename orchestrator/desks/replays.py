@@ -4,12 +4,12 @@ sample)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.catalog.access import CatalogAccess
-from orchestrator.models import ReplayHold, VersionLag
-from orchestrator.versions import budget, protection, reporting
+from orchestrator.models import QueueKeeper, ReplayHold, VersionLag
+from orchestrator.versions import budget, protection, queue_keeper, reporting
 
 
 class ReplayDesk:
@@ -26,9 +26,21 @@ class ReplayDesk:
         """(catch-ups holding a slot, versions queued, slots; None: no budget)."""
         return budget.counts(self.catalog)
 
-    def schedule(self) -> list[tuple[str, str]]:
-        """Start the queued versions that free slots allow; (job, version) of each."""
-        return budget.schedule(self.catalog)
+    def schedule(self, keeper: tuple[str, float] | None = None) -> list[tuple[str, str]]:
+        """Start the queued versions that free slots allow; (job, version) of each.
+        ``keeper``: (who, interval in seconds) of a process that looks at a steady interval."""
+        return budget.schedule(self.catalog, keeper)
+
+    def keep(self, every_s: float, stop: Callable[[], bool], say: Callable[[str], None]
+             ) -> None:
+        """Keep the queue until ``stop()``: every ``every_s`` seconds, free the slots of
+        catch-ups whose driver is gone and hand out the free slots (`kappa queue keep`)."""
+        queue_keeper.keep(self.catalog, every_s, stop, say)
+
+    def keepers(self) -> list[QueueKeeper]:
+        """The processes that hand out slots at a steady interval, and how long since each
+        looked: `kappa queue` names them, or says that nobody does."""
+        return budget.keepers(self.catalog)
 
     def hold(self) -> ReplayHold | None:
         """Live first's hold on the queue, if a live version is too far behind."""

@@ -9,18 +9,13 @@ stops.
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from orchestrator.dev.logs import tail
-from orchestrator.dev.processes import exited, poll, stop
-from orchestrator.errors import ServiceUnavailableError
-from orchestrator.process import spawn_detached
+from orchestrator.dev.processes import exited, poll, start_kappa_process, stop
 
 INTERVAL_S = 1.0
 # Its last pass writes what arrived since the one before: seconds, at the rates it keeps up with.
@@ -29,20 +24,10 @@ _STARTED_S = 2.0
 
 
 def start_archiver(state_dir: Path, pg_dsn: str, bootstrap: str) -> dict[str, Any]:
-    """Start the stack's archiver, with the stack's services in its environment (never in its
-    command line: a DSN may carry a password)."""
-    argv = [sys.executable, "-m", "orchestrator.cli.main", "archive", "run", "--all-topics",
-            "--interval", f"{INTERVAL_S:g}"]
-    env = {**os.environ, "KAPPA_STATE_DIR": str(state_dir), "KAPPA_PG_DSN": pg_dsn,
-           "KAPPA_KAFKA_BOOTSTRAP": bootstrap}
-    log = state_dir / "dev" / "archiver.log"
-    pid = spawn_detached(argv, env, log)
-    proc = psutil.Process(pid)
-    if poll(lambda: exited(proc), _STARTED_S):
-        raise ServiceUnavailableError(
-            f"the archiver exited as it started: {tail(log)}; see {log}, fix it and run `kappa "
-            "dev up` again")
-    return {"archiver_pid": pid, "archiver_cmdline": proc.cmdline()}
+    """Start the stack's archiver."""
+    return start_kappa_process(state_dir, "archiver", "archiver",
+                               ["archive", "run", "--all-topics", "--interval", f"{INTERVAL_S:g}"],
+                               pg_dsn, bootstrap, _STARTED_S)
 
 
 def stop_archiver(proc: psutil.Process) -> bool:

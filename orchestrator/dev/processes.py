@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 import psutil
 
+from orchestrator.dev.logs import tail
 from orchestrator.errors import ServiceUnavailableError
+from orchestrator.process import spawn_detached
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 30.0
@@ -44,6 +48,24 @@ def exited(proc: psutil.Process) -> bool:
     with suppress(ChildProcessError):
         os.waitpid(proc.pid, os.WNOHANG)
     return True
+
+
+def start_kappa_process(state_dir: Path, prefix: str, what: str, command: list[str],
+                        pg_dsn: str, bootstrap: str, started_s: float) -> dict[str, Any]:
+    """Start a `kappa COMMAND` process of the stack, logging to ``dev/<prefix>.log``, with the
+    stack's services in its environment (never in its command line: a DSN may carry a
+    password); the record keys of its PID and command line."""
+    argv = [sys.executable, "-m", "orchestrator.cli.main", *command]
+    env = {**os.environ, "KAPPA_STATE_DIR": str(state_dir), "KAPPA_PG_DSN": pg_dsn,
+           "KAPPA_KAFKA_BOOTSTRAP": bootstrap}
+    log = state_dir / "dev" / f"{what.replace(' ', '_')}.log"
+    pid = spawn_detached(argv, env, log)
+    proc = psutil.Process(pid)
+    if poll(lambda: exited(proc), started_s):
+        raise ServiceUnavailableError(
+            f"the {what} exited as it started: {tail(log)}; see {log}, fix it and run `kappa "
+            "dev up` again")
+    return {f"{prefix}_pid": pid, f"{prefix}_cmdline": proc.cmdline()}
 
 
 def stop(proc: psutil.Process, signals: tuple[signal.Signals, ...]) -> None:

@@ -29,6 +29,9 @@ from orchestrator.dev.ack_ledger import Deletions, Ends
 from orchestrator.dev.archiver_process import start_archiver, stop_archiver
 from orchestrator.dev.broker_process import BROKER_HOST, start_broker
 from orchestrator.dev.held_clients import held_client_id, held_path, hold, release
+from orchestrator.dev.keeper_process import INTERVAL_S as KEEPER_INTERVAL_S
+from orchestrator.dev.keeper_process import KEYS as _KEEPER_KEYS
+from orchestrator.dev.keeper_process import start_keeper, stop_keeper
 from orchestrator.dev.log_store import start_store
 from orchestrator.dev.postgres import start_postgres
 from orchestrator.dev.processes import live_process, stop
@@ -48,6 +51,8 @@ _PG_KEYS = ("pg_pid", "pg_cmdline", "pg_dsn")
 _BROKER_KEYS = ("broker_pid", "broker_cmdline", "kafka_bootstrap")
 _STORE_KEYS = ("store_pid", "store_cmdline")
 _ARCHIVER_KEYS = ("archiver_pid", "archiver_cmdline")
+# Whether `kappa dev up` was asked for the queue keeper (see up()).
+_KEEPER_WANTED = "queue_keeper"
 # How the last `kappa dev down` left an ARCHIVED log: the archiver's last pass ran before the
 # broker stopped, or no archiver was there to make it.
 _LOG_AT_DOWN = "log_at_down"
@@ -87,6 +92,7 @@ class StackStatus:
     cluster_id: str | None = None
     archiver: ServiceStatus | None = None  # the archiver of an ARCHIVED log
     ack_proxy: ServiceStatus | None = None  # notes what an ARCHIVED log's broker acknowledged
+    queue_keeper: ServiceStatus | None = None  # hands out replay slots; None: not wanted
     log_at_down: str | None = None  # LAST_PASS or TAIL_LOST once `kappa dev down` ran; else None
 
     @property
@@ -96,7 +102,7 @@ class StackStatus:
     @property
     def services(self) -> tuple[ServiceStatus, ...]:
         return tuple(s for s in (self.postgres, self.log_store, self.broker, self.ack_proxy,
-                                 self.archiver) if s is not None)
+                                 self.archiver, self.queue_keeper) if s is not None)
 
     @property
     def storage_text(self) -> str:
@@ -130,14 +136,15 @@ def _stopped_text(log_at_down: str | None) -> str:
 
 
 def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = None,
-       restore: Restore | None = None) -> StackStatus:
+       restore: Restore | None = None, queue_keeper: bool = True) -> StackStatus:
     """Start whatever of the stack is not running; never restart a running service.
 
     ``storage`` (or ``memory``: True for MEMORY, False for the default) picks where the log
     lives; None keeps what a running broker uses, else ARCHIVED. A running broker with another
     storage is refused: it would have to stop, and a memory broker's log with it. ``restore``
     runs for an ARCHIVED log whose broker lost it (or whose last restore was cut short), before
-    the archiver starts."""
+    the archiver starts. ``queue_keeper``: run the process that hands out replay slots (False:
+    the catalog's queue is someone else's, as in the test suite's shared stacks)."""
     state_dir = state_dir.resolve()
     dev = state_dir / "dev"
     dev.mkdir(parents=True, exist_ok=True)
@@ -206,7 +213,20 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 record.update(start_archiver(state_dir, record["pg_dsn"],
                                              record["kafka_bootstrap"]))
                 _write_record(state_dir, record)
+        record[_KEEPER_WANTED] = queue_keeper
+        if queue_keeper and live_process(record, "keeper") is None:
+            # Last: it may launch drivers, which need the broker and a restored log.
+            record.update(start_keeper(state_dir, record["pg_dsn"], record["kafka_bootstrap"]))
+        _write_record(state_dir, record)
     return status(state_dir)
+
+
+def stop_queue_keeper(state_dir: Path) -> None:
+    """Stop the stack's queue keeper, so that it starts no catch-up while the stack's drivers
+    stop (`kappa dev down` does it first)."""
+    state_dir = state_dir.resolve()
+    record = read_stack_record(state_dir / STACK_FILE) or {}
+    stop_keeper(live_process(record, "keeper"))
 
 
 def _flag(storage: str) -> str:
@@ -220,8 +240,11 @@ def down(state_dir: Path) -> StackStatus:
     if dev.is_dir():
         with _locked(dev):
             record = read_stack_record(state_dir / STACK_FILE) or {}
+            # First: a look could launch a driver on a stack about to stop.
+            stop_keeper(live_process(record, "keeper"))
+            record.update(dict.fromkeys(_KEEPER_KEYS))
             archiver = live_process(record, "archiver")
-            # First, while the broker still runs: its last pass archives the log's tail.
+            # While the broker still runs: the archiver's last pass archives the log's tail.
             last_pass = archiver is not None and stop_archiver(archiver)
             if record.get("storage") == ARCHIVED and live_process(record, "broker") is not None:
                 # What `kappa dev status` says of the log once the broker's memory is gone.
@@ -272,6 +295,12 @@ def status(state_dir: Path) -> StackStatus:
         store = ServiceStatus(name="log store (s3rver)", pid=live.pid if live else None,
                               running=live is not None,
                               address=f"{BROKER_HOST}:{record.get('store_port')}")
+    keeper = None
+    if record.get(_KEEPER_WANTED, True) and record:
+        live = live_process(record, "keeper")
+        keeper = ServiceStatus(name="queue keeper", pid=live.pid if live else None,
+                               running=live is not None,
+                               address=f"replay slots, every {KEEPER_INTERVAL_S:g} s")
     return StackStatus(
         state_dir=state_dir,
         postgres=ServiceStatus(
@@ -291,6 +320,7 @@ def status(state_dir: Path) -> StackStatus:
         storage=storage, log_store=store,
         cluster_id=record.get("cluster_id") if broker else None, archiver=archiver,
         ack_proxy=proxy, log_at_down=None if broker else record.get(_LOG_AT_DOWN),
+        queue_keeper=keeper,
     )
 
 

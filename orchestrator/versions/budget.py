@@ -24,7 +24,7 @@ from orchestrator.catalog import replay_queue as queue
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
-from orchestrator.models import DeployedVersion, ReplayHold, RunRecord
+from orchestrator.models import DeployedVersion, QueueKeeper, ReplayHold, RunRecord
 from orchestrator.queue_math import median_rate, queue_estimates
 from orchestrator.states import RunState
 from orchestrator.versions.launch import claim_attempt, launch_claimed
@@ -64,14 +64,19 @@ def _why_queued(hold: ReplayHold | None, budget: int | None) -> str:
     return f"waiting for a replay slot (replay_slots={budget})"
 
 
-def schedule(catalog: CatalogAccess) -> list[tuple[str, str]]:
-    """Hand the free slots to the queued versions, in order; (job, version) of each started."""
+def schedule(catalog: CatalogAccess, keeper: tuple[str, float] | None = None
+             ) -> list[tuple[str, str]]:
+    """Hand the free slots to the queued versions, in order; (job, version) of each started.
+    ``keeper``: (who, every how many seconds) of a process that looks at a steady interval,
+    noted so that the queue can say whether anyone hands slots out."""
     s = catalog.settings
     schema, budget = s.catalog_schema, s.replay_budget
     claimed: list[tuple[DeployedVersion, int]] = []
     with catalog.connection() as conn:
         with conn.transaction():
             queue.lock_queue(conn, schema)
+            if keeper is not None:
+                queue.note_look(conn, schema, *keeper)
             _requeue_unlaunched(conn, schema)
             if queue.current_hold(conn, schema) is not None:
                 return []  # a live version is too far behind: nothing starts
@@ -101,6 +106,11 @@ def counts(catalog: CatalogAccess) -> tuple[int, int, int | None]:
     with catalog.connection() as conn:
         holding, queued = queue.counts(conn, catalog.settings.catalog_schema)
     return holding, queued, catalog.settings.replay_budget
+
+
+def keepers(catalog: CatalogAccess) -> list[QueueKeeper]:
+    with catalog.connection() as conn:
+        return queue.keepers(conn, catalog.settings.catalog_schema)
 
 
 def hold(catalog: CatalogAccess) -> ReplayHold | None:

@@ -70,12 +70,12 @@ def _stop_everything(state_dir: Path) -> None:
                     proc.kill()
 
 
-def _up_in_child_process(state_dir: Path) -> None:
+def _up_in_child_process(state_dir: Path, env: dict[str, str] | None = None) -> None:
     code = "import pathlib, sys, orchestrator.dev.stack as s; s.up(pathlib.Path(sys.argv[1]))"
     # capture_output also proves the services hold no pipe of the caller: run() would hang.
     result = subprocess.run(
         [sys.executable, "-W", "error", "-c", code, str(state_dir)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, env=env,
     )
     assert result.returncode == 0, result.stderr
 
@@ -87,8 +87,10 @@ def _select_one(dsn: str | None) -> object:
     return row[0] if row else None
 
 
-def test_up_status_env_down(state_dir: Path) -> None:
-    _up_in_child_process(state_dir)
+def test_up_status_env_down(state_dir: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # One replay slot, and drivers that end as they start (no JVM): for the queue keeper below.
+    _up_in_child_process(state_dir, {**env_of_a_user(), **_QUEUE_ENV})
 
     first = stack.status(state_dir)
     assert first.running
@@ -111,6 +113,7 @@ def test_up_status_env_down(state_dir: Path) -> None:
 
     settings = load_settings(flags={"state_dir": state_dir}, env={}, cwd=state_dir)
     assert (settings.pg_dsn, settings.kafka_bootstrap) == (first.pg_dsn, first.kafka_bootstrap)
+    _a_queued_version_starts_with_nobody_waiting(state_dir, tmp_path, monkeypatch)
 
     stopped = stack.down(state_dir)
     assert not stopped.postgres.running and not stopped.broker.running
@@ -124,6 +127,44 @@ def test_up_status_env_down(state_dir: Path) -> None:
         stack.env_lines(state_dir)
 
     assert stack.down(state_dir) == stopped
+    assert stopped.queue_keeper is not None and not stopped.queue_keeper.running
+
+
+_QUEUE_ENV = {"KAPPA_REPLAY_SLOTS": "1", "KAPPA_WARM_SPARES": "0",
+              "KAPPA_FAIL_POINTS": "driver.start=exit"}
+
+
+def _a_queued_version_starts_with_nobody_waiting(state_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """#61 path 10: on the embedded stack a queued version never started, since nobody handed
+    out the slots (no `kappa agent`; `kappa status` and `kappa queue` did not say so). The
+    stack's queue keeper now does: the holder's driver ends at driver.start, and with nobody
+    waiting on the queue the keeper frees its slot and starts the waiter."""
+    from orchestrator.service import Orchestrator
+    from orchestrator.states import RunState
+
+    from conftest import job_file
+
+    for name, value in _QUEUE_ENV.items():
+        monkeypatch.setenv(name, value)
+    service = Orchestrator(load_settings(flags={"state_dir": state_dir}, env=dict(os.environ),
+                                         cwd=state_dir))
+    service.produce_sample("views", 50, seed=1)
+    service.deploy(job_file(tmp_path, "v1", "views", name="holder"))
+    waiter = service.deploy(job_file(tmp_path, "v1", "views", name="waiter"))
+    assert waiter.status.state == RunState.QUEUED, waiter.status
+    keeper_log = state_dir / "dev" / "queue_keeper.log"
+
+    def started() -> bool:
+        return service.version_status("waiter", "v1").attempt >= 1
+
+    wait_until(started, 30, f"the waiter to leave the queue with nobody waiting (keeper's "
+               f"log: {keeper_log.read_text() if keeper_log.exists() else 'none'})")
+    assert service.version_status("holder", "v1").state == RunState.FAILED
+    (keeper,) = [k for k in service.replays.keepers() if k.keeping]
+    assert keeper.keeper.startswith("kappa queue keep on "), keeper
+    now = stack.status(state_dir)
+    assert now.queue_keeper is not None and now.queue_keeper.running, now
 
 
 def test_up_restarts_only_a_dead_broker(state_dir: Path) -> None:
@@ -236,7 +277,8 @@ def test_the_s3_log_survives_down_up_and_a_crash_of_either_process(state_dir: Pa
 
     first = stack.up(state_dir, storage=stack.S3)
     assert first.storage == stack.S3 and first.running
-    assert [s.name for s in first.services] == ["postgres", "log store (s3rver)", "broker"]
+    assert [s.name for s in first.services] == ["postgres", "log store (s3rver)", "broker",
+                                                 "queue keeper"]
     bootstrap = first.kafka_bootstrap
     assert bootstrap is not None
     admin = AdminClient({"bootstrap.servers": bootstrap})

@@ -87,3 +87,25 @@ def test_replay_slots_default_to_half_the_cores_and_zero_means_no_budget() -> No
 def test_a_negative_budget_is_refused_when_settings_load(tmp_path) -> None:
     with pytest.raises(ConfigError, match="replay_slots=-1 is negative: give the number"):
         load_settings(env={"KAPPA_REPLAY_SLOTS": "-1"}, cwd=tmp_path)
+
+
+def test_a_keeper_counts_as_gone_after_three_missed_looks_or_fifteen_seconds() -> None:
+    from orchestrator.models import QueueKeeper
+
+    assert QueueKeeper("agent", 5.0, 14.9).keeping
+    assert not QueueKeeper("agent", 5.0, 15.1).keeping
+    assert QueueKeeper("slow agent", 30.0, 89.0).keeping
+    assert not QueueKeeper("slow agent", 30.0, 91.0).keeping
+    assert QueueKeeper("stack", 2.0, 14.0).keeping  # a few slow looks are not a death
+
+
+def test_queue_says_who_hands_out_slots_or_that_nobody_does() -> None:
+    from orchestrator.cli.queue import unkept_warning
+    from orchestrator.models import QueueKeeper
+
+    assert unkept_warning([QueueKeeper("kappa agent on h (pid 1)", 5.0, 1.0)]) is None
+    never = unkept_warning([])
+    assert never is not None and "none has looked" in never and "kappa agent" in never
+    gone = unkept_warning([QueueKeeper("kappa agent on h (pid 1)", 5.0, 600.0)])
+    assert gone is not None and "kappa agent on h (pid 1), 600s ago" in gone
+    assert "\n" not in gone
