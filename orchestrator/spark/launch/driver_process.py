@@ -46,21 +46,33 @@ def is_alive(pid: int | None, started: float | None) -> bool:
 def terminate(pid: int | None, started: float | None, grace_s: float = 10.0) -> None:
     """Stop a driver's whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
     if not pid or not is_alive(pid, started):
-        _kill_group(pid, signal.SIGKILL)  # leftovers (the JVM) of a driver that died
+        _kill_group(pid, started, signal.SIGKILL)  # leftovers (the JVM) of a driver that died
         return
-    _kill_group(pid, signal.SIGTERM)
+    _kill_group(pid, started, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and is_alive(pid, started):
         time.sleep(0.1)
-    _kill_group(pid, signal.SIGKILL)
+    _kill_group(pid, started, signal.SIGKILL)
     _reap(pid)
 
 
-def _kill_group(pid: int | None, sig: signal.Signals) -> None:
-    if not pid:
+def _kill_group(pid: int | None, started: float | None, sig: signal.Signals) -> None:
+    if not pid or _held_by_another(pid, started):
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def _held_by_another(pid: int, started: float | None) -> bool:
+    """Whether the PID is now another process's than the driver started at ``started``: its
+    process group is then that process's. While any process is left in the driver's group,
+    Linux gives no new process its PID, so a free PID means that the group is the driver's."""
+    if started is None:
+        return False
+    try:
+        return bool(abs(psutil.Process(pid).create_time() - started) > 1.0)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _reap(pid: int) -> None:
