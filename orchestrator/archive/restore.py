@@ -5,7 +5,9 @@ were.
 
 Every segment is checked against its manifest checksum before a record of it is produced, and
 the restored log is read back and checked again: a log that fails either check is deleted, and
-is a log that is gone, as if there were no archive. Offsets that the archiver saw in the log (or
+is a log that is gone, as if there were no archive; unless it holds a record that the restore
+did not write (another client's, acknowledged to it): then nothing is deleted, and the restore
+stops, saying so. Offsets that the archiver saw in the log (or
 a version read) past the archive's end were acknowledged and then lost with the broker: they are
 reported by offset, and a version that read them fails, saying so.
 """
@@ -147,7 +149,10 @@ class Restorer:
                     kept.append(topic)  # the log it had, or a new topic of that name
                     continue
                 log.warning("%s: a restore was cut off; restoring it again", topic)
-                delete_topic(self.kafka, topic)
+                with self.conn.transaction():
+                    segments = {p: manifest.segments(self.conn, self.schema, latest.root, p)
+                                for p in range(latest.partitions)}
+                self._delete_if_ours(topic, segments)
             for stale in (k for k in known if k.identity.topic == topic and k.restoring):
                 with self.conn.transaction():
                     manifest.forget(self.conn, self.schema, stale.identity)
@@ -194,7 +199,7 @@ class Restorer:
             fail_point("restore.before_check")
             self._check(topic, segments, ends)
         except BaseException:
-            delete_topic(self.kafka, topic)
+            self._delete_if_ours(topic, segments)
             with self.conn.transaction():
                 manifest.forget(self.conn, self.schema, seen)
             raise
@@ -258,6 +263,30 @@ class Restorer:
                         f"restored {topic}/{partition} differs from segment {s.path} at or near "
                         f"offset {first}: the broker changed a record (its timestamp type, "
                         "say); the log is not restored")
+
+    def _delete_if_ours(self, topic: str, segments: dict[int, list[Segment]]) -> None:
+        """Delete a topic that a restore wrote, but only if every record it holds is one the
+        restore wrote: the archive's record at its offset. Another client's records (a producer
+        whose Metadata request created the topic again, with no hold to keep it off) were
+        acknowledged to it: they are never deleted, and the topic is left as it is."""
+        bounds = log_bounds(self.kafka, [topic])
+        for partition, kept in sorted(segments.items()):
+            end = bounds.get((topic, partition), (0, 0))[1]
+            archived_end = kept[-1].end_offset if kept else 0
+            ours = end <= archived_end and all(
+                read_archived(self.kafka, topic, partition, s.first_offset,
+                              min(s.end_offset, end), f"kappa-restore-check-{topic}")
+                == [r for r in self.store.read(s.path) if r[0] < end]
+                for s in kept if s.first_offset < end)
+            if not ours:
+                raise ArchiveError(
+                    f"{topic}/{partition} holds records that the restore did not write (it ends "
+                    f"at {end}; the archive's records end at {archived_end}): another client "
+                    "wrote to the topic during the restore. The topic is left as it is, those "
+                    "records with it, and the restore stops. Stop the clients that write to it, "
+                    "keep what they wrote if it matters, delete the topic, and run `kappa archive "
+                    f"restore {topic}` again")
+        delete_topic(self.kafka, topic)
 
     def _adopt(self, root: Lineage, seen: Lineage) -> list[str]:
         """Versions that read any log of ``root``'s lineage read the restored topic now."""
