@@ -48,7 +48,7 @@ def test_the_archived_log_outlives_crashes_and_reports_what_only_the_broker_held
         up = json.loads(ok(state, "dev", "up", "--json"))
         assert up["storage"] == "archive"
         assert [s["name"] for s in up["services"]] == ["postgres", "broker", "ack proxy",
-                                                        "archiver"]
+                                                        "archiver", "queue keeper"]
         bootstrap = up["kafka_bootstrap"]
         ok(state, "produce-sample", "--topic", TOPIC, "--count", "3000", "--seed", "151")
         # Transaction markers: offsets with no record, which the restore must put back too.

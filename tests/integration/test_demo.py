@@ -86,7 +86,7 @@ def _durable_cycle(cwd: Path) -> list[object]:
     assert len(before) == 20_000
     status = json.loads(_kappa(cwd, "dev", "status", "--json").stdout)
     assert status["storage"] == "archive" and [s["name"] for s in status["services"]] == [
-        "postgres", "broker", "ack proxy", "archiver"]
+        "postgres", "broker", "ack proxy", "archiver", "queue keeper"]
     # Records the archiver has not seen when `kappa dev down` starts (it was stopped while they
     # were written, and goes on only once down has sent it SIGTERM, so no ordinary pass can
     # take them first): down stops the archiver first, whose last pass archives them while the
