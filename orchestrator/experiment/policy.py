@@ -15,10 +15,12 @@ any false decision stays at most alpha.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.experiment.by_key import Estimate, KeyedStrata, estimate_of
+from orchestrator.experiment.few_keys import MIN_KEYS_PER_ARM, welch_df
 from orchestrator.experiment.metrics import OutcomeMetric, Role
 from orchestrator.experiment.sequential import ArmSummary, Comparison, always_valid, totals
 
@@ -40,6 +42,7 @@ class Judgement:
     comparison: Comparison | None  # None below min_per_arm observations on an arm
     margin: float  # absolute: the relative margin times the baseline's mean
     estimate: Estimate | None = None  # None until a span holds both arms, with some spread
+    waiting: str | None = None  # why there is no comparison yet, when there is none
 
     @property
     def bounds(self) -> tuple[float, float] | None:
@@ -79,13 +82,25 @@ def judge(metric: OutcomeMetric, data: KeyedStrata, *, alpha: float, mixture_sd:
     """``data``: per span of the alias's routing, (baseline, candidate) grouped by key."""
     baseline, candidate = totals(data.summaries)
     found = estimate_of(data)
-    comparison = None
-    if found is not None and min(baseline.count, candidate.count) >= max(min_per_arm, 2):
-        comparison = always_valid(found.difference, found.variance, found.observation_variance,
-                                  found.strata, alpha=alpha, mixture_sd=mixture_sd)
+    comparison, waiting = None, None
+    if found is None:
+        waiting = "no span holds both arms with some spread yet"
+    elif min(baseline.count, candidate.count) < max(min_per_arm, 2):
+        waiting = (f"{baseline.count} and {candidate.count} observations; each arm needs "
+                   f"{max(min_per_arm, 2)}")
+    else:
+        df = math.inf if found.keys is None else welch_df(found.arm_variances, found.keys)
+        if df > 0:
+            comparison = always_valid(found.difference, found.variance,
+                                      found.observation_variance, found.strata, alpha=alpha,
+                                      mixture_sd=mixture_sd, df=df)
+        else:
+            waiting = (f"{found.keys[0] if found.keys else 0} and "
+                       f"{found.keys[1] if found.keys else 0} keys; each arm needs "
+                       f"{MIN_KEYS_PER_ARM} to judge the spread between keys")
     base = baseline.mean
     return Judgement(metric, baseline, candidate, comparison,
-                     metric.margin * abs(base) if base is not None else 0.0, found)
+                     metric.margin * abs(base) if base is not None else 0.0, found, waiting)
 
 
 def decide(judgements: Sequence[Judgement], *, at_deadline: bool = False,
@@ -120,6 +135,7 @@ def decide(judgements: Sequence[Judgement], *, at_deadline: bool = False,
         return Decision(Verdict.ROLL_BACK, "at the deadline: not shown non-inferior"
                         + (f" (no data: {', '.join(missing)})" if missing else ""), found)
     if missing:
-        return Decision(Verdict.NO_DATA, f"not enough observations yet: {', '.join(missing)}",
-                        found)
+        why = [f"{j.metric.name} ({j.waiting})" if j.waiting else j.metric.name
+               for j in found if j.outcome == "no_data"]
+        return Decision(Verdict.NO_DATA, f"not enough evidence yet: {', '.join(why)}", found)
     return Decision(Verdict.CONTINUE, "no metric decided yet", found)

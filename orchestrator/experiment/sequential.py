@@ -35,6 +35,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from orchestrator.experiment.few_keys import widening
+
 
 @dataclass(frozen=True)
 class ArmSummary:
@@ -117,14 +119,16 @@ def log_likelihood_ratio(estimate: float, v: float, tau2: float) -> float:
 
 
 def always_valid(difference: float, variance: float, observation_variance: float, strata: int,
-                 *, alpha: float, mixture_sd: float) -> Comparison:
+                 *, alpha: float, mixture_sd: float, df: float = math.inf) -> Comparison:
     """The mSPRT on an estimate of the difference and its variance (see by_key for both).
 
     ``mixture_sd`` is tau in units of one observation's standard deviation: the size of effect
     the test is most sensitive to (a standardised effect, Cohen's d). It changes power, not
-    validity."""
+    validity. ``df``: the variance estimate's degrees of freedom, few where keys are few (the
+    interval is then widened: few_keys.py)."""
     tau2 = mixture_sd * mixture_sd * observation_variance
     width = half_width(variance, tau2, alpha)
+    width *= widening(width / math.sqrt(variance), df)
     return Comparison(difference, difference - width, difference + width,
                       log_likelihood_ratio(difference, variance, tau2), math.log(1 / alpha),
                       variance, strata)
