@@ -6,21 +6,22 @@ services."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
-import time
 
 import psutil
 
 from orchestrator.spark.launch.driver_process import is_alive, terminate
 
-_SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+# Stand-ins wait for the signal that ends them.
+_WAITER = [sys.executable, "-c", "import signal; signal.pause()"]
 
 
 def _group_leader() -> subprocess.Popen[bytes]:
     """A process leading a process group of its own, as a driver does (and as any other
     program started with setsid does)."""
-    return subprocess.Popen(_SLEEPER, start_new_session=True)
+    return subprocess.Popen(_WAITER, start_new_session=True)
 
 
 def test_the_group_of_a_pid_that_another_process_now_holds_is_left_alone() -> None:
@@ -30,8 +31,11 @@ def test_the_group_of_a_pid_that_another_process_now_holds_is_left_alone() -> No
         recorded_start = psutil.Process(other.pid).create_time() - 3600.0
         assert not is_alive(other.pid, recorded_start)
         terminate(other.pid, recorded_start, grace_s=1.0)
-        time.sleep(0.2)  # a SIGKILL is delivered at once; give it a moment to show
-        assert other.poll() is None, "terminate() killed the process group of another program"
+        # A signal sent before ours ends it first: it dies of SIGTERM only if terminate() sent
+        # it nothing.
+        other.terminate()
+        assert other.wait(timeout=30) == -signal.SIGTERM, \
+            "terminate() killed the process group of another program"
     finally:
         other.kill()
         other.wait()
@@ -41,7 +45,7 @@ def test_what_outlived_a_dead_driver_in_its_group_is_still_killed() -> None:
     # The driver leads the group and starts a child (its JVM), then dies; the child stays.
     driver = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, "
-         "'-c', 'import time; time.sleep(60)']); print(p.pid, flush=True)"],
+         "'-c', 'import signal; signal.pause()']); print(p.pid, flush=True)"],
         start_new_session=True, stdout=subprocess.PIPE)
     started = psutil.Process(driver.pid).create_time()
     assert driver.stdout is not None
