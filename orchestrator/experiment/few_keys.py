@@ -21,7 +21,8 @@ MIN_KEYS_PER_ARM = 2
 
 def welch_df(arm_variances: tuple[float, float], keys: tuple[int, int]) -> float:
     """Welch-Satterthwaite degrees of freedom of a difference of two arms' means whose
-    variances come from ``keys`` keys each; inf when an arm's variance is unknown."""
+    variances come from ``keys`` keys each; 0 (nothing to judge) below MIN_KEYS_PER_ARM keys
+    on an arm or when an arm's variance is unknown, inf when neither arm's mean varies."""
     (vb, vc), (kb, kc) = arm_variances, keys
     if min(kb, kc) < MIN_KEYS_PER_ARM or not all(math.isfinite(v) for v in (vb, vc)):
         return 0.0
