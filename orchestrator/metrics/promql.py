@@ -3,14 +3,20 @@
 A PromQL metric's queries are cumulative figures per serving version: the sum of the observed
 values, their number and, for a mean, the sum of their squares (counters the application
 labels with the version that served each reader, e.g. the alias's ``served_by`` column). An arm's
-figures in a routing span are the differences of those queries between the span's start and
-its end, evaluated at those instants, so the version label does the attribution and the spans
-only stratify the test as its SQL metrics are stratified. A query evaluated at a past instant
-gives the same answer later, so a resumed cutover recomputes the same statistics.
+figures in a routing span are what those counters grew in the span, evaluated at its end, so the
+version label does the attribution and the spans only stratify the test as its SQL metrics are
+stratified. A query about past instants gives the same answer later, so a resumed cutover
+recomputes the same statistics.
 
-A restarted application's counters start again from 0, and sum() hides that once they regrew
-past their value at the span's start: Prometheus's resets() of each selector of the query over
-the span tells, and such a span is left out as one whose difference is negative.
+Growth is taken series by series, not as a difference of sums: each counter of the query is
+replaced by its last sample in the span less its value at the span's start, or by its last
+sample alone when it had no value then. A pod that goes away inside a span (a rolling deploy, a
+scale-down) counts up to its last sample and its successor from 0, where a difference of sums
+would take the old pod's whole total out of the span.
+
+A restarted application's counters start again from 0 in the same series: Prometheus's resets()
+of each selector of the query over the span tells, and such a span is left out, as is one whose
+growth is negative.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator.errors import KappaError, StateError
@@ -29,6 +35,10 @@ from orchestrator.experiment.attribution import RoutingSpan
 from orchestrator.experiment.metrics import Kind, OutcomeMetric
 from orchestrator.experiment.sequential import NOTHING, ArmSummary, Stratum
 from orchestrator.settings import Settings
+
+# A span as probe: the growth form of a query is evaluated once at define, to refuse what
+# Prometheus rejects in it (an offset or @ on a counter) before anything is switched.
+PROBE_SPAN = timedelta(minutes=1)
 
 
 class PromQLError(KappaError):
@@ -86,7 +96,7 @@ class PrometheusOutcomes:
             for version in versions:
                 try:
                     self.value(_for(text, version), at)
-                    vector_selectors(_for(text, version))
+                    self.value(span_growth(_for(text, version), at - PROBE_SPAN, at), at)
                 except PromQLError as exc:
                     raise StateError(f"metric {metric.name}: its {flag} fails: {exc}; fix it "
                                      "and run `kappa metric define` again") from exc
@@ -127,15 +137,13 @@ class PrometheusOutcomes:
                 figures.append(None)
                 continue
             query = _for(text, version)
-            before = self._kept_value(query, start, keep=True)
-            after = self._kept_value(query, stop, keep=keep_stop)
-            # A series born during the span counted from 0; one gone by its end saw nothing.
-            delta = 0.0 if after is None else after - (before or 0.0)
+            grown = self._kept_value(span_growth(query, start, stop), stop, keep=keep_stop)
+            delta = 0.0 if grown is None else grown  # no series had a sample in the span
             if delta < 0:
                 return None
             # A restart sets the series back to 0; once it regrew past the start, only
-            # Prometheus, which keeps each series apart from the sum, can tell.
-            if after is not None and self._reset(query, start, stop, keep_stop=keep_stop):
+            # Prometheus, which keeps each series apart, can tell.
+            if grown is not None and self._reset(query, start, stop, keep_stop=keep_stop):
                 return None
             figures.append(delta)
         count, total, squares = figures
@@ -191,14 +199,40 @@ _QUOTES = "\"'`"
 
 def vector_selectors(expression: str) -> list[str]:
     """The vector selectors of a PromQL expression (``name``, ``name{...}`` or ``{...}``), each
-    once, in their order.
+    once, in their order."""
+    found: list[str] = []
+    for begin, end in _selector_positions(expression):
+        if expression[begin:end] not in found:
+            found.append(expression[begin:end])
+    return found
+
+
+def span_growth(expression: str, start: datetime, stop: datetime) -> str:
+    """The expression, evaluated at ``stop``, with each counter replaced by what each of its
+    series grew from ``start``: its last sample in the span less its value at ``start``, or
+    that last sample alone for a series born in the span. Arithmetic on the two drops the
+    metric name, and series match on their other labels, as ``or`` does."""
+    reach_ms = max(_milliseconds(stop.timestamp()) - _milliseconds(start.timestamp()), 1)
+    pieces: list[str] = []
+    done = 0
+    for begin, end in _selector_positions(expression):
+        selector = expression[begin:end]
+        latest = f"last_over_time({selector}[{reach_ms}ms])"
+        pieces += [expression[done:begin],
+                   f"(({latest} - {selector} @ {start.timestamp():.3f}) or {latest})"]
+        done = end
+    return "".join(pieces) + expression[done:]
+
+
+def _selector_positions(expression: str) -> list[tuple[int, int]]:
+    """Where each vector selector of the expression begins and ends, in order.
 
     resets() takes a range of one selector, not of an expression, so a span's restarts are
     asked for selector by selector. A tokenizer rather than a regular expression: braces and
     brackets also occur in strings, and identifiers are also functions, keywords and the
     labels of by (...) lists. A selector that has a range already is refused, as is an
     expression without one: neither is a cumulative counter."""
-    found: list[str] = []
+    found: list[tuple[int, int]] = []
     position = 0
     while position < len(expression):
         char = expression[position]
@@ -237,8 +271,7 @@ def vector_selectors(expression: str) -> list[str]:
         if expression.startswith("[", _skip_spaces(expression, end)):
             raise PromQLError(f"{expression!r} takes a range: give sum({selector}), the "
                               "counter itself, and each span's increase is taken from it")
-        if selector not in found:
-            found.append(selector)
+        found.append((position, end))
         position = end
     if not found:
         raise PromQLError(f"{expression!r} selects no series: give a counter, e.g. "

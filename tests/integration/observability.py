@@ -54,8 +54,8 @@ def scrape(target: str) -> str:
 
 
 @contextmanager
-def prometheus(directory: Path, target: str) -> Iterator[str]:
-    """A Prometheus server scraping ``target`` every second; yields its base URL."""
+def prometheus(directory: Path, *targets: str) -> Iterator[str]:
+    """A Prometheus server scraping ``targets`` every second; yields its base URL."""
     binary = debian_tool("prometheus", "prometheus")
     port = free_port()
     config = directory / "prometheus.yml"
@@ -65,7 +65,7 @@ def prometheus(directory: Path, target: str) -> Iterator[str]:
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"rule_files:\n  - {ALERT_RULES}\n"
         "scrape_configs:\n  - job_name: kappa\n    static_configs:\n"
-        f"      - targets: ['{target}']\n")
+        f"      - targets: [{', '.join(repr(target) for target in targets)}]\n")
     with open(directory / "prometheus.log", "wb") as log:
         proc = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",

@@ -64,9 +64,10 @@ _RESETS = re.compile(r"sum\(resets\((?P<selector>.+)\[(?P<reach_ms>\d+)ms\]\)\)"
 
 
 class _Counters(PrometheusOutcomes):
-    """Cumulative counters by (query, instant), as Prometheus would answer them; also the
-    timestamp of the oldest sample a selector's instant value uses, and the resets Prometheus
-    counts for a selector in the range that ends at an instant (none unless told)."""
+    """Cumulative counters by (query, instant), one series each, as Prometheus would answer
+    them, and their growth between two of those instants; also the timestamp of the oldest
+    sample a selector's instant value uses, and the resets Prometheus counts for a selector in
+    the range that ends at an instant (none unless told)."""
 
     def __init__(self, known: dict[tuple[str, datetime], float],
                  oldest: dict[tuple[str, datetime], datetime] | None = None,
@@ -84,6 +85,12 @@ class _Counters(PrometheusOutcomes):
             return None if sample is None else sample.timestamp()
         if found := _RESETS.fullmatch(query):
             return self.resets.get((found["selector"], at), 0)
+        instants = sorted({instant for _, instant in self.known})
+        for counter in {counter for counter, _ in self.known}:
+            for start in instants:
+                if query == promql.span_growth(counter, start, at):
+                    last = self.known.get((counter, at))
+                    return None if last is None else last - self.known.get((counter, start), 0)
         return self.known.get((query, at))
 
 
