@@ -66,6 +66,7 @@ POINTS = (
     "archive.before_record",  # a segment is in place; the manifest does not hold it yet
     "archive.topic",  # a continuous archive pass is about to write one topic's partitions
     "archive.decode",  # a raw segment is about to be decoded (raise: an error of any kind)
+    "postgres.started",  # the embedded PostgreSQL accepts connections; its socket dir is as made
     "restore.start",  # `kappa dev up` (or `kappa archive restore`) is about to restore
     "restore.before_check",  # a topic's records are produced; their read-back check is next
     "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends

