@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.log_identity import LogIdentity
-from orchestrator.states import RunState
+from orchestrator.states import Expected, RunState
 
 # Offsets as Kafka tools show them: {"<topic>": {"<partition>": next offset to read}}
 Offsets = dict[str, dict[str, int]]
@@ -181,6 +181,10 @@ class RunRecord:
     busy_since: datetime | None = None  # when the driver's current batch began
     priority: int = 0  # its place in the replay queue: higher first, then queued_at
     queued_at: datetime | None = None  # when it joined the replay queue (None: never queued)
+
+    def as_seen(self) -> Expected:
+        """A state change decided on this reading of the run applies only to the run as read."""
+        return Expected.seen(self.attempt, self.state)
 
 
 @dataclass(frozen=True)

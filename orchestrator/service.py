@@ -13,12 +13,12 @@ import psycopg
 from orchestrator.archive import archiving
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.desks.outcomes import OutcomeDesk
-from orchestrator.desks.replays import ReplayDesk
 from orchestrator.desks.switches import SwitchDesk
 from orchestrator.experiment.design import ExperimentDesign
 from orchestrator.lag import Thresholds
 from orchestrator.models import AliasState, VersionLag, VersionStatus
 from orchestrator.plan.cutover import Cutover
+from orchestrator.replay_queue.desk import ReplayDesk
 from orchestrator.samples import sample_data
 from orchestrator.serving.diff import DiffReport
 from orchestrator.serving.switching import Switchboard

@@ -1,7 +1,9 @@
-"""The run state machine: one Enum and one ``transition()``."""
+"""The run state machine: one Enum and one ``transition()``, and the one guard that every
+change of a run's state passes (``Expected``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.errors import StateError
@@ -25,6 +27,33 @@ class RunState(StrEnum):
 
 
 _ACTIVE = frozenset({RunState.STARTING, RunState.REPLAYING, RunState.CAUGHT_UP, RunState.LIVE})
+
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a change of a run's state was decided on: the attempt, and the states the run may
+    still be in. A run that has moved since (a restart took a new attempt; a stop, a pause or
+    a failure changed its state) is left as it is: the decision was made on a run that is no
+    more, and whoever made it must look again, or, for a driver, stop."""
+
+    attempt: int
+    states: frozenset[RunState]
+
+    @classmethod
+    def seen(cls, attempt: int, state: RunState) -> Expected:
+        """The run exactly as it was read (under its lock, or judged from that reading)."""
+        return cls(attempt, frozenset({state}))
+
+    @classmethod
+    def driver(cls, attempt: int) -> Expected:
+        """A driver's own changes: its attempt, while a driver is supposed to run. A stop or a
+        pause from another host reaches a remote driver only through this."""
+        return cls(attempt, _ACTIVE)
+
+    def admits(self, attempt: int, state: RunState) -> bool:
+        return attempt == self.attempt and state in self.states
+
 
 ALLOWED: dict[RunState, frozenset[RunState]] = {
     RunState.REGISTERED: frozenset({RunState.QUEUED, RunState.STARTING, RunState.RETIRED}),

@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.errors import ConfigError, KappaError
 from orchestrator.experiment.design import ExperimentDesign, Strategy
 from orchestrator.naming import validate_name
-from orchestrator.queue_math import HIGHEST_PRIORITY, LOWEST_PRIORITY, parse_priority
+from orchestrator.replay_queue.order import HIGHEST_PRIORITY, LOWEST_PRIORITY, parse_priority
 
 REPROCESS_DEFAULTS: dict[str, Any] = {
     "ramp": [10, 50, 100],

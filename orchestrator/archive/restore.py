@@ -329,7 +329,7 @@ class Restorer:
                     runs.note_reason(self.conn, self.schema, version.id, run.attempt, reason)
                 else:
                     runs.change_state(self.conn, self.schema, version, RunState.FAILED,
-                                      reason=reason)
+                                      reason=reason, expected=run.as_seen())
                 failed.append(f"{version.job}/{version.version}: {reason}")
         return failed
 

@@ -13,7 +13,7 @@ from orchestrator.catalog.db import qualified
 from orchestrator.errors import NotFoundError
 from orchestrator.failpoints import fail_point
 from orchestrator.models import DeployedVersion, RunRecord
-from orchestrator.states import RunState, transition
+from orchestrator.states import Expected, RunState, transition
 
 _COLUMNS = ("version_id, state, attempt, pid, pid_started, host, app_id, log_path, reason, "
             "started_at, heartbeat_at, caught_up_at, busy_since, priority, queued_at")
@@ -49,24 +49,18 @@ def get(conn: psycopg.Connection, schema: str, version_id: int, *, for_update: b
 
 
 def change_state(conn: psycopg.Connection, schema: str, version: DeployedVersion,
-                 target: RunState, *, reason: str | None = None,
-                 expect_attempt: int | None = None, expect_state: RunState | None = None,
-                 while_active: bool = False, **changes: Any) -> RunRecord | None:
-    """Move the run to ``target`` inside the caller's transaction, and log the event.
+                 target: RunState, *, expected: Expected, reason: str | None = None,
+                 **changes: Any) -> RunRecord | None:
+    """Move the run to ``target`` inside the caller's transaction, and log the event: the one
+    place where a run's state changes.
 
-    With ``expect_attempt`` (drivers pass their own), a driver that has been replaced by a
-    restart changes nothing and gets None: it must stop. With ``expect_state``, a change
-    judged from the run as it was (a dead driver seen in a state that a stop or a pause has
-    left since) changes nothing and gets None. With ``while_active`` (a driver's own changes),
-    a run that a stop or a pause has left since changes nothing and gets None: on another host
-    the driver learns of it only now, and must stop.
+    Only while the run is as ``expected`` (its attempt, and one of the states the change was
+    decided in): a run that has moved since changes nothing and gives None. A driver replaced
+    by a restart, or whose run a stop or a pause has left (perhaps from another host, which
+    cannot signal it), learns so here and must stop; any other caller must look again.
     """
     current = get(conn, schema, version.id, for_update=True)
-    if expect_attempt is not None and current.attempt != expect_attempt:
-        return None
-    if while_active and not current.state.is_active:
-        return None
-    if expect_state is not None and current.state != expect_state:
+    if not expected.admits(current.attempt, current.state):
         return None
     if current.state == target and not changes:
         return current

@@ -12,7 +12,7 @@ from orchestrator.lag import Thresholds
 from orchestrator.metrics.exporter import Snapshot
 from orchestrator.metrics.server import serve
 from orchestrator.observe.supervisor import Supervisor
-from orchestrator.versions.queue_keeper import keeper_name
+from orchestrator.replay_queue.keeper import keeper_name
 
 
 def run_agent(service: Any, args: argparse.Namespace) -> int:

@@ -93,7 +93,7 @@ def fail_on_log_gone(conn: psycopg.Connection, schema: str, version: DeployedVer
                           reason=reason)
             return runs.get(conn, schema, version.id)
         updated = runs.change_state(conn, schema, version, RunState.FAILED, reason=reason,
-                                    expect_attempt=run.attempt)
+                                    expected=run.as_seen())
     return updated or run
 
 
@@ -120,7 +120,7 @@ def fail_on_log_change(conn: psycopg.Connection, schema: str, version: DeployedV
         updated = runs.change_state(conn, schema, version, RunState.FAILED,
                                     reason=log_changed_reason(mismatches, version.job,
                                                               version.version),
-                                    expect_attempt=run.attempt)
+                                    expected=run.as_seen())
     return updated or run
 
 

@@ -180,12 +180,14 @@ class Switchboard:
                 if drop and routing.rollback_to == version:
                     raise StateError(f"alias {self.s.serving_schema}.{name} would roll back to "
                                      f"{version}: promote again or retire without --drop")
-            run = runs.get(self.conn, schema, target.id)
+            run = runs.get(self.conn, schema, target.id, for_update=True)
             if run.state.is_active:
-                runs.change_state(self.conn, schema, target, RunState.STOPPED,
-                                  reason="stopped by `kappa retire`")
+                run = runs.change_state(self.conn, schema, target, RunState.STOPPED,
+                                        expected=run.as_seen(),
+                                        reason="stopped by `kappa retire`") or run
             if run.state != RunState.RETIRED:
                 runs.change_state(self.conn, schema, target, RunState.RETIRED,
+                                  expected=run.as_seen(),
                                   reason="retired" + (" and dropped" if drop else ""))
         # After the commit: the driver finds its run ended at its next heartbeat anyway.
         launcher.stop_driver(run)

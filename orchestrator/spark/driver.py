@@ -41,7 +41,7 @@ from orchestrator.spark.retries import Retries
 from orchestrator.spark.session import build_session, cluster_cores
 from orchestrator.spark.shape import JobError
 from orchestrator.spark.writer import connect_catalog
-from orchestrator.states import RunState
+from orchestrator.states import Expected, RunState
 
 log = logging.getLogger("kappa.driver")
 _MAX_CATCH_UP_ROUNDS = 5
@@ -69,8 +69,8 @@ class Driver:
         def change() -> object:
             with self.conn.transaction():
                 return runs.change_states(self.conn, self.settings.catalog_schema, self.version,
-                                          targets, reason=reason, expect_attempt=self.attempt,
-                                          while_active=True, **changes)
+                                          targets, reason=reason,
+                                          expected=Expected.driver(self.attempt), **changes)
 
         if self.retries.wait_out_outages(change, f"record {targets[-1].value}") is None:
             raise StaleDriverError(f"attempt {self.attempt} was replaced, or its run stopped or "

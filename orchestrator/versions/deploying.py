@@ -18,10 +18,10 @@ from orchestrator.lag import replay_start
 from orchestrator.log_identity import LogIdentity
 from orchestrator.models import DeployedVersion, JobSpec, Offsets
 from orchestrator.naming import consumer_group, dead_letter_table, output_table
-from orchestrator.queue_math import parse_priority
+from orchestrator.replay_queue.order import parse_priority
+from orchestrator.replay_queue.slots import start_or_queue
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
-from orchestrator.versions.budget import start_or_queue
 from orchestrator.versions.lifecycle import DeployResult, checkpoint_location
 
 

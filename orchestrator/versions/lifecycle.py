@@ -35,12 +35,13 @@ def stop(catalog: CatalogAccess, job: str, version: str) -> VersionStatus:
     s = catalog.settings
     with catalog.connection() as conn:
         deployed = versions.get(conn, s.catalog_schema, _job(job), _version(version))
-        run = runs.get(conn, s.catalog_schema, deployed.id)
-        if run.state in (RunState.STOPPED, RunState.RETIRED, RunState.REGISTERED):
-            raise StateError(f"{job} {version} is already {run.state.value}: nothing to stop")
         with conn.transaction():
+            run = runs.get(conn, s.catalog_schema, deployed.id, for_update=True)
+            if run.state in (RunState.STOPPED, RunState.RETIRED, RunState.REGISTERED):
+                raise StateError(f"{job} {version} is already {run.state.value}: nothing to "
+                                 "stop")
             runs.change_state(conn, s.catalog_schema, deployed, RunState.STOPPED,
-                              reason="stopped by `kappa stop`")
+                              reason="stopped by `kappa stop`", expected=run.as_seen())
         launcher.stop_driver(run)
         return reporting.status_of(catalog, conn, deployed)
 

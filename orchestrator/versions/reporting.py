@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from orchestrator.catalog import events, output, replay_queue, runs, versions
+from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.errors import (
     KappaError,
@@ -34,9 +34,10 @@ from orchestrator.models import (
 from orchestrator.naming import validate_name
 from orchestrator.observe import monitor
 from orchestrator.observe.monitor import fail_on_log_change
+from orchestrator.replay_queue import queries as queue
+from orchestrator.replay_queue import slots
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
-from orchestrator.versions import budget
 
 Progress = Callable[[VersionStatus], None]
 # Between recording an attempt and recording its driver's PID there is only a process spawn: a
@@ -101,7 +102,7 @@ def catch_up_progress(catalog: CatalogAccess, job: str, version: str, *, max_lag
     st = version_status(catalog, job, version)
     if st.state == RunState.QUEUED:
         fail_dead_slot_holders(catalog)
-        where = budget.waiting(catalog, job, version)
+        where = slots.waiting(catalog, job, version)
         if where is not None:
             return replace(st, reason=where)
         st = version_status(catalog, job, version)
@@ -172,7 +173,7 @@ def fail_dead_slot_holders(catalog: CatalogAccess) -> None:
     would notice (a waiting deploy waited out its timeout)."""
     schema = catalog.settings.catalog_schema
     with catalog.connection() as conn:
-        for version_id in replay_queue.holders(conn, schema):
+        for version_id in queue.holders(conn, schema):
             with conn.transaction():
                 check_liveness(catalog, conn, versions.by_id(conn, schema, version_id),
                                runs.get(conn, schema, version_id))
@@ -197,7 +198,7 @@ def check_liveness(catalog: CatalogAccess, conn: psycopg.Connection, v: Deployed
     elif alive is False:
         if run.pid is None and run.queued_at is not None:  # started by the replay queue
             schema = catalog.settings.catalog_schema
-            return budget.requeue_if_abandoned(conn, schema, v) or run
+            return slots.requeue_if_abandoned(conn, schema, v) or run
         if run.pid is None:
             started = run.started_at or datetime.now(UTC)
             if (datetime.now(UTC) - started).total_seconds() < _LAUNCH_GRACE_S:
@@ -211,8 +212,7 @@ def check_liveness(catalog: CatalogAccess, conn: psycopg.Connection, v: Deployed
     fail_point("status.before_failing_a_dead_driver")
     # Only from the state it was judged in: a stop or a pause since has stopped the driver too.
     updated = runs.change_state(conn, catalog.settings.catalog_schema, v, RunState.FAILED,
-                                reason=reason, expect_attempt=run.attempt,
-                                expect_state=run.state)
+                                reason=reason, expected=run.as_seen())
     return updated or runs.get(conn, catalog.settings.catalog_schema, v.id)
 
 

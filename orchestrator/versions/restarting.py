@@ -28,11 +28,11 @@ from orchestrator.log_identity import LogChange, LogIdentity, log_gone_reason, r
 from orchestrator.models import Offsets, VersionStatus
 from orchestrator.naming import validate_name
 from orchestrator.observe import monitor
+from orchestrator.replay_queue.launching import start_driver
+from orchestrator.replay_queue.slots import start_or_queue
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
-from orchestrator.versions.budget import start_or_queue
-from orchestrator.versions.launch import start_driver
 
 
 def restart(catalog: CatalogAccess, job: str, version: str, allow_gap: bool = False,
@@ -92,9 +92,13 @@ class Restart:
         launcher.stop_driver(self.run)
         if self.run.state.is_active:
             with self.conn.transaction():
-                self.run = runs.change_state(self.conn, self.schema, self.deployed,
-                                             RunState.STOPPED,
-                                             reason="replaced by `kappa restart`") or self.run
+                # Read again under its lock: the driver may have moved on since the first look.
+                run = runs.get(self.conn, self.schema, self.deployed.id, for_update=True)
+                if run.state.is_active:
+                    run = runs.change_state(self.conn, self.schema, self.deployed,
+                                            RunState.STOPPED, expected=run.as_seen(),
+                                            reason="replaced by `kappa restart`") or run
+                self.run = run
 
     def check_the_log_identity(self) -> None:
         """A topic deleted or recreated, or another cluster, since the version read it."""

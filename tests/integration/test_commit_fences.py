@@ -80,8 +80,9 @@ def test_a_paused_run_is_left_queued_by_its_driver_that_has_not_stopped_yet(
         remote.set_state(RunState.REPLAYING)
         with service.catalog.connection() as conn, conn.transaction():  # live first's pause
             version = versions.get(conn, s.catalog_schema, "pageview_counts", "v1")
+            paused = runs.get(conn, s.catalog_schema, version.id, for_update=True)
             runs.change_state(conn, s.catalog_schema, version, RunState.QUEUED,
-                              reason="paused by live first: a test")
+                              reason="paused by live first: a test", expected=paused.as_seen())
         with pytest.raises(StaleDriverError):
             remote.set_state(RunState.CAUGHT_UP, RunState.LIVE)  # it reached the log end
         with pytest.raises(StaleDriverError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.live_first import LiveLag, decide
+from orchestrator.replay_queue.live_first import LiveLag, decide
 from orchestrator.settings import Settings, load_settings
 from orchestrator.states import RunState, transition
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import ConfigError, StateError
-from orchestrator.queue_math import median_rate, parse_priority, queue_estimates
+from orchestrator.replay_queue.order import median_rate, parse_priority, queue_estimates
 from orchestrator.settings import Settings, load_settings
 from orchestrator.states import RunState, transition
 

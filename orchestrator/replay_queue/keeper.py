@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 
 from orchestrator.catalog.access import CatalogAccess
-from orchestrator.versions import budget, reporting
+from orchestrator.replay_queue import slots
+from orchestrator.versions import reporting
 
 log = logging.getLogger("kappa.queue")
 
@@ -31,7 +32,7 @@ def look(catalog: CatalogAccess, keeper: str, every_s: float) -> list[tuple[str,
     """One look: free the slots of dead drivers, then hand out the free slots; (job, version)
     of each version started."""
     reporting.fail_dead_slot_holders(catalog)
-    return budget.schedule(catalog, (keeper, every_s))
+    return slots.schedule(catalog, (keeper, every_s))
 
 
 def keep(catalog: CatalogAccess, every_s: float, stop: Callable[[], bool],

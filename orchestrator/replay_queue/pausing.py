@@ -1,5 +1,5 @@
 """Live first in the catalog: the agent's look that holds the replay queue while a live version
-is too far behind, and pauses catch-ups into it (the rules: orchestrator/live_first.py).
+is too far behind, and pauses catch-ups into it (the rules: live_first.py).
 
 A pause is an ordinary stop: the driver is stopped while its run is locked, so that it records
 nothing more, and the run goes back to the queue with its priority and its place, its reason
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from orchestrator.catalog import events, runs, versions
-from orchestrator.catalog import replay_queue as queue
 from orchestrator.catalog.access import CatalogAccess
-from orchestrator.live_first import LiveLag, decide, lets_go_at
 from orchestrator.models import VersionLag
+from orchestrator.replay_queue import queries as queue
+from orchestrator.replay_queue.live_first import LiveLag, decide, lets_go_at
 from orchestrator.spark.launch import launcher
 from orchestrator.states import RunState
 
@@ -64,7 +64,7 @@ def protect_live(catalog: CatalogAccess, lags: Sequence[VersionLag], interval_s:
         version = versions.by_id(conn, schema, version_id)
         run = runs.get(conn, schema, version_id, for_update=True)
         launcher.stop_driver(run)  # under the run's lock: it records nothing more
-        runs.change_state(conn, schema, version, RunState.QUEUED,
+        runs.change_state(conn, schema, version, RunState.QUEUED, expected=run.as_seen(),
                           reason=f"paused by live first: {reason}; it resumes from its "
                                  "checkpoint once every live version is back under "
                                  f"{lets_go_at(limit):g}s",

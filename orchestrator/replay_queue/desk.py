@@ -9,7 +9,8 @@ from typing import Any
 
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.models import QueueKeeper, ReplayHold, VersionLag
-from orchestrator.versions import budget, protection, queue_keeper, reporting
+from orchestrator.replay_queue import keeper, pausing, slots
+from orchestrator.versions import reporting
 
 
 class ReplayDesk:
@@ -19,35 +20,35 @@ class ReplayDesk:
     def queue(self) -> list[dict[str, Any]]:
         """The catch-ups holding replay slots, then the queued versions in the order they get
         one, each with its records to replay, its wait for a slot and its ETA (None: unknown)."""
-        return budget.listing(self.catalog, lambda job, version: reporting.lag(
+        return slots.listing(self.catalog, lambda job, version: reporting.lag(
             self.catalog, job, version))
 
     def counts(self) -> tuple[int, int, int | None]:
         """(catch-ups holding a slot, versions queued, slots; None: no budget)."""
-        return budget.counts(self.catalog)
+        return slots.counts(self.catalog)
 
     def schedule(self, keeper: tuple[str, float] | None = None) -> list[tuple[str, str]]:
         """Start the queued versions that free slots allow; (job, version) of each.
         ``keeper``: (who, interval in seconds) of a process that looks at a steady interval."""
-        return budget.schedule(self.catalog, keeper)
+        return slots.schedule(self.catalog, keeper)
 
     def keep(self, every_s: float, stop: Callable[[], bool], say: Callable[[str], None]
              ) -> None:
         """Keep the queue until ``stop()``: every ``every_s`` seconds, free the slots of
         catch-ups whose driver is gone and hand out the free slots (`kappa queue keep`)."""
-        queue_keeper.keep(self.catalog, every_s, stop, say)
+        keeper.keep(self.catalog, every_s, stop, say)
 
     def keepers(self) -> list[QueueKeeper]:
         """The processes that hand out slots at a steady interval, and how long since each
         looked: `kappa queue` names them, or says that nobody does."""
-        return budget.keepers(self.catalog)
+        return slots.keepers(self.catalog)
 
     def hold(self) -> ReplayHold | None:
         """Live first's hold on the queue, if a live version is too far behind."""
-        return budget.hold(self.catalog)
+        return slots.hold(self.catalog)
 
     def protect_live(self, lags: Sequence[VersionLag], interval_s: float) -> bool:
         """Hold the queue, and pause catch-ups, while a live version in ``lags`` is more than
         half of live_lag_protect_s behind; end the hold once all are back under a quarter of
         it. Whether the queue is held after this look."""
-        return protection.protect_live(self.catalog, lags, interval_s)
+        return pausing.protect_live(self.catalog, lags, interval_s)

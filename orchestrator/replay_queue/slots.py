@@ -20,14 +20,14 @@ from typing import Any
 import psycopg
 
 from orchestrator.catalog import events, runs, versions
-from orchestrator.catalog import replay_queue as queue
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.errors import KappaError
 from orchestrator.failpoints import fail_point
 from orchestrator.models import DeployedVersion, QueueKeeper, ReplayHold, RunRecord
-from orchestrator.queue_math import median_rate, queue_estimates
+from orchestrator.replay_queue import queries as queue
+from orchestrator.replay_queue.launching import claim_attempt, launch_claimed
+from orchestrator.replay_queue.order import median_rate, queue_estimates
 from orchestrator.states import RunState
-from orchestrator.versions.launch import claim_attempt, launch_claimed
 
 log = logging.getLogger("kappa.queue")
 
@@ -49,9 +49,11 @@ def start_or_queue(catalog: CatalogAccess, conn: psycopg.Connection, version: De
         if hold is not None or (budget is not None and (
                 queue.holding_slots(conn, schema) >= budget
                 or queue.outranked(conn, schema, version.id, priority, joined))):
-            if runs.get(conn, schema, version.id).state != RunState.QUEUED:
+            run = runs.get(conn, schema, version.id, for_update=True)
+            if run.state != RunState.QUEUED:
                 runs.change_state(conn, schema, version, RunState.QUEUED, priority=priority,
-                                  queued_at=joined, reason=_why_queued(hold, budget))
+                                  queued_at=joined, reason=_why_queued(hold, budget),
+                                  expected=run.as_seen())
             return False
         attempt = claim_attempt(conn, schema, version, priority=priority, queued_at=None)
     launch_claimed(s, conn, version, attempt)
@@ -153,7 +155,7 @@ def requeue_if_abandoned(conn: psycopg.Connection, schema: str, version: Deploye
     if run.state != RunState.STARTING or run.pid is not None or run.queued_at is None:
         return None
     return runs.change_state(conn, schema, version, RunState.QUEUED, reason=REQUEUED,
-                             expect_attempt=run.attempt)
+                             expected=run.as_seen())
 
 
 def listing(catalog: CatalogAccess, measure: Any) -> list[dict[str, Any]]:

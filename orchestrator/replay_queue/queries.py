@@ -6,7 +6,7 @@ that restarts and reads its backlog again holds none. A run the queue started ke
 ``queued_at``; while the process that took its slot has not yet recorded the driver's PID, that
 process holds the run's claim lock, so a lock that anyone can take means that process died.
 While a live version is too far behind, the agent holds the queue (``replay_hold``): no
-catch-up starts, and catch-ups are paused back into it (versions/protection.py)."""
+catch-up starts, and catch-ups are paused back into it (pausing.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A version's driver started: its attempt claimed in the catalog, then the process launched.
 
 Two steps, so that the replay queue can claim slots under its lock and launch after the commit
-(versions/budget.py)."""
+(slots.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from orchestrator.errors import LaunchError
 from orchestrator.models import DeployedVersion, RunRecord
 from orchestrator.settings import Settings
 from orchestrator.spark.launch import launcher
-from orchestrator.states import RunState
+from orchestrator.states import Expected, RunState
 
 
 def start_driver(catalog: CatalogAccess, conn: psycopg.Connection, version: DeployedVersion
@@ -33,7 +33,8 @@ def claim_attempt(conn: psycopg.Connection, schema: str, version: DeployedVersio
     launched after the commit (``launch_claimed``)."""
     run = runs.get(conn, schema, version.id, for_update=True)
     attempt = run.attempt + 1
-    runs.change_state(conn, schema, version, RunState.STARTING, attempt=attempt, pid=None,
+    runs.change_state(conn, schema, version, RunState.STARTING, expected=run.as_seen(),
+                      attempt=attempt, pid=None,
                       pid_started=None, app_id=None, heartbeat_at=None,
                       started_at=datetime.now(UTC), **changes)
     return attempt
@@ -47,7 +48,7 @@ def launch_claimed(s: Settings, conn: psycopg.Connection, version: DeployedVersi
         with conn.transaction():
             runs.change_state(conn, s.catalog_schema, version, RunState.FAILED,
                               reason=f"could not launch the driver: {exc}",
-                              expect_attempt=attempt)
+                              expected=Expected.seen(attempt, RunState.STARTING))
         raise LaunchError(f"could not launch the driver of {version.job} "
                           f"{version.version}: {exc}; fix it, then `kappa restart "
                           f"{version.job} {version.version}`") from exc

@@ -1,0 +1,71 @@
+"""The replay queue's order, promised by docs/budget.md and kept by no test before #61: with
+N = 2 slots never more than two catch-ups hold one, whoever looks; ties of priority go by the
+time a version joined the queue, not by when it was deployed; `kappa wait` shows each queued
+version's place. No JVM starts: every driver pauses at the fail point driver.start, alive, its
+run `starting` with its PID, holding its slot, until the test stops it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import job_file
+from integration.helpers import stop_drivers
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_two_slots_hold_two_and_the_queue_goes_by_the_time_each_joined_it(
+        settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.failpoints import ENV, RELEASE_ENV
+    from orchestrator.service import Orchestrator
+    from orchestrator.states import RunState
+
+    settings = replace(settings, replay_slots=2, warm_spares=0,  # type: ignore[type-var]
+                       spare_dir=tmp_path / "no-spares")
+    service = Orchestrator(settings)  # type: ignore[arg-type]
+    service.produce_sample(topic, 100, seed=1)
+    (tmp_path / "never-released").mkdir()
+    monkeypatch.setenv(ENV, "driver.start=pause")
+    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
+    try:
+        for name in ("first", "second", "rejoined", "waiting"):
+            service.deploy(job_file(tmp_path, "v1", topic, name=name))
+        states = {name: service.version_status(name, "v1").state
+                  for name in ("first", "second", "rejoined", "waiting")}
+        assert states == {"first": RunState.STARTING, "second": RunState.STARTING,
+                          "rejoined": RunState.QUEUED, "waiting": RunState.QUEUED}, states
+        # Out of the queue and back: it joins again behind "waiting", deployed after it.
+        service.stop("rejoined", "v1")
+        assert service.restart("rejoined", "v1").state == RunState.QUEUED
+        # Whoever looks hands out no third slot: both holders' drivers live.
+        assert service.replays.schedule() == []
+        assert service.replays.counts() == (2, 2, 2)
+        listed = [(e["job"], e["state"], e["place"]) for e in service.replays.queue()]
+        assert listed[2:] == [("waiting", "queued", 1), ("rejoined", "queued", 2)], listed
+        assert sorted(listed[:2]) == [("first", "starting", None), ("second", "starting", None)]
+        for name, place in (("waiting", 1), ("rejoined", 2)):
+            assert f"place {place} of 2 in the replay queue" in _waited(service, name), name
+
+        # A holder gone: its slot goes to the one that joined first.
+        service.stop("first", "v1")
+        assert service.replays.schedule() == [("waiting", "v1")]
+        assert service.version_status("rejoined", "v1").state == RunState.QUEUED
+        assert service.replays.counts() == (2, 1, 2)
+    finally:
+        stop_drivers(service)
+
+
+def _waited(service: Any, name: str) -> str:
+    """What `kappa wait` (and `kappa deploy --wait`) shows of a queued version at its first
+    look."""
+    from orchestrator.errors import KappaError
+
+    seen: list[str] = []
+    with pytest.raises(KappaError, match="has not caught up"):
+        service.wait(name, "v1", timeout_s=0, poll_s=0.1,
+                     progress=lambda status: seen.append(f"{status.state}: {status.reason}"))
+    return seen[0]
