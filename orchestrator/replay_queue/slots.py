@@ -85,7 +85,10 @@ def schedule(catalog: CatalogAccess, keeper: tuple[str, float] | None = None
             free = None if budget is None else budget - queue.holding_slots(conn, schema)
             if free is not None and free <= 0:
                 return []
-            for version_id in queue.next_in_line(conn, schema, free):
+            line = queue.next_in_line(conn, schema, free)
+            if line:
+                fail_point("queue.claiming")
+            for version_id in line:
                 version = versions.by_id(conn, schema, version_id)
                 queue.hold_claim(conn, schema, version_id)
                 claimed.append((version, claim_attempt(conn, schema, version)))

@@ -69,3 +69,52 @@ def _waited(service: Any, name: str) -> str:
         service.wait(name, "v1", timeout_s=0, poll_s=0.1,
                      progress=lambda status: seen.append(f"{status.state}: {status.reason}"))
     return seen[0]
+
+
+def test_two_looks_at_once_start_a_queued_version_once(
+        settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent, `kappa queue keep` and a waiting `kappa wait` may look at the queue at the
+    same instant: a catalog lock makes them take turns, so one of them starts the version and
+    the other finds nothing to start. The fail point queue.claiming holds a look between its
+    reading of the queue and its claim, long enough for the other look to arrive."""
+    import threading
+
+    from orchestrator.failpoints import ENV, RELEASE_ENV
+    from orchestrator.service import Orchestrator
+    from orchestrator.states import RunState
+
+    settings = replace(settings, replay_slots=1, warm_spares=0,  # type: ignore[type-var]
+                       spare_dir=tmp_path / "no-spares")
+    service = Orchestrator(settings)  # type: ignore[arg-type]
+    service.produce_sample(topic, 100, seed=1)
+    (tmp_path / "never-released").mkdir()
+    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
+    monkeypatch.setenv(ENV, "driver.start=pause")
+    try:
+        service.deploy(job_file(tmp_path, "v1", topic, name="holder"))
+        assert service.deploy(job_file(tmp_path, "v1", topic, name="raced")).status.state \
+            == RunState.QUEUED
+        service.stop("holder", "v1")  # its slot is free; nobody has looked yet
+        monkeypatch.setenv(ENV, "driver.start=pause;queue.claiming=sleep(400)")
+        both = threading.Barrier(2)
+        started: list[object] = []
+
+        def look() -> None:
+            both.wait()
+            try:
+                started.append(service.replays.schedule())
+            except Exception as exc:  # what a look without its turn would meet
+                started.append(exc)
+
+        looks = [threading.Thread(target=look) for _ in range(2)]
+        for thread in looks:
+            thread.start()
+        for thread in looks:
+            thread.join(timeout=60)
+        assert sorted(map(repr, started)) == ["[('raced', 'v1')]", "[]"], started
+        raced = service.version_status("raced", "v1")
+        assert raced.state == RunState.STARTING and raced.attempt == 1, raced
+        slots = [e for e in service.events("raced", "v1") if e["kind"] == "replay_slot"]
+        assert len(slots) == 1, slots
+    finally:
+        stop_drivers(service)
