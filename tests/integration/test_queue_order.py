@@ -1,8 +1,9 @@
-"""The replay queue's order, promised by docs/budget.md and kept by no test before #61: with
-N = 2 slots never more than two catch-ups hold one, whoever looks; ties of priority go by the
-time a version joined the queue, not by when it was deployed; `kappa wait` shows each queued
-version's place. No JVM starts: every driver pauses at the fail point driver.start, alive, its
-run `starting` with its PID, holding its slot, until the test stops it."""
+"""The replay queue's promises in docs/budget.md that no test kept before #61: with N = 2 slots
+never more than two catch-ups hold one, whoever looks; ties of priority go by the time a version
+joined the queue, not by when it was deployed; `kappa wait` shows each queued version's place;
+two looks at once start a version once; a live version that restarts holds no slot. No JVM
+starts: every driver pauses at the fail point driver.start, alive, its run `starting` with its
+PID, holding its slot, until the test stops it."""
 
 from __future__ import annotations
 
@@ -116,5 +117,43 @@ def test_two_looks_at_once_start_a_queued_version_once(
         assert raced.state == RunState.STARTING and raced.attempt == 1, raced
         slots = [e for e in service.events("raced", "v1") if e["kind"] == "replay_slot"]
         assert len(slots) == 1, slots
+    finally:
+        stop_drivers(service)
+
+
+def test_a_live_version_that_restarts_holds_no_slot(
+        settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/budget.md: a slot is held by a catch-up that has never caught up; a live version
+    that restarts reads only its backlog, starts at once and holds none. Its driver records
+    replaying, caught_up and live here as it would (the driver as a process elsewhere runs,
+    no JVM), and its restart pauses at driver.start."""
+    from orchestrator.failpoints import ENV, RELEASE_ENV
+    from orchestrator.service import Orchestrator
+    from orchestrator.spark.driver import Driver
+    from orchestrator.states import RunState
+
+    settings = replace(settings, replay_slots=1, warm_spares=0,  # type: ignore[type-var]
+                       spare_dir=tmp_path / "no-spares")
+    service = Orchestrator(settings)  # type: ignore[arg-type]
+    service.produce_sample(topic, 100, seed=1)
+    (tmp_path / "never-released").mkdir()
+    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
+    monkeypatch.setenv(ENV, "driver.start=pause")
+    try:
+        attempt = service.deploy(job_file(tmp_path, "v1", topic, name="served")).status.attempt
+        driver = Driver(service.settings, "served", "v1", attempt)
+        try:
+            driver.set_state(RunState.REPLAYING)
+            driver.set_state(RunState.CAUGHT_UP, RunState.LIVE)
+        finally:
+            driver.conn.close()
+            driver.log_clients.close()
+        stop_drivers(service)
+        restarted = service.restart("served", "v1")
+        assert restarted.state == RunState.STARTING and restarted.attempt == attempt + 1
+        # The one slot is free: a catch-up deployed now starts.
+        caught = service.deploy(job_file(tmp_path, "v1", topic, name="catching")).status
+        assert caught.state == RunState.STARTING, caught
+        assert service.replays.counts() == (1, 0, 1)
     finally:
         stop_drivers(service)
