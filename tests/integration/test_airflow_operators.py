@@ -96,3 +96,37 @@ def _the_trigger_stores_no_secret_and_reports_a_stopped_version(settings, tmp_pa
     payload = asyncio.run(asyncio.wait_for(first_event(), 60))
     assert payload["status"] == "error"
     assert "pageview_counts v1 is stopped" in payload["message"]
+
+
+def test_the_conf_priority_places_the_deploy_in_the_replay_queue(
+        settings, topic, tmp_path: Path, connections: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/budget.md: the DAG's conf `"priority": N` places the version in the replay queue as
+    `kappa deploy --priority` does (kappa_reprocess hands the checked conf's value to the deploy
+    task). The one slot is taken by a driver paused at driver.start: no JVM starts."""
+    from dataclasses import replace
+
+    from orchestrator.airflow.operators import KappaDeployOperator
+    from orchestrator.failpoints import ENV, RELEASE_ENV
+    from orchestrator.service import Orchestrator
+
+    from integration.helpers import stop_drivers
+
+    monkeypatch.setenv("KAPPA_REPLAY_SLOTS", "1")
+    (tmp_path / "never-released").mkdir()
+    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
+    monkeypatch.setenv(ENV, "driver.start=pause")
+    service = Orchestrator(replace(settings, replay_slots=1))
+    service.produce_sample(topic, 100, seed=1)
+    try:
+        for name in ("holder", "earlier"):
+            service.deploy(job_file(tmp_path, "v1", topic, name=name))
+        urgent = str(job_file(tmp_path, "v1", topic, name="urgent"))
+        # A Jinja-rendered conf value is a string; the checked conf's is an int.
+        done = KappaDeployOperator(task_id="deploy", job_file=urgent, priority="7").execute({})
+        assert done["state"] == "queued", done
+        queued = [(e["job"], e["priority"], e["place"]) for e in service.replays.queue()
+                  if e["state"] == "queued"]
+        assert queued == [("urgent", 7, 1), ("earlier", 0, 2)], queued
+    finally:
+        stop_drivers(service)
