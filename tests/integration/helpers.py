@@ -191,3 +191,24 @@ def archiver(settings: Any, topics: list[str], fail_points: str, released: Path 
     kappa = str(Path(sys.executable).with_name("kappa"))
     return subprocess.Popen([kappa, "archive", "run", *args, *topics], env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
+
+
+def without_spark(settings: Any, topic: str, tmp_path: Path, monkeypatch: Any, driver: str,
+                  **changes: Any) -> Any:
+    """A service whose drivers stop at the fail point driver.start (``driver``: "exit", as an
+    OOM kill would end them, or "pause", alive and holding their slot until stopped), with no
+    warm spare and 100 records in ``topic``: a version's run, its queue and its catalog rows
+    with no JVM started."""
+    from dataclasses import replace
+
+    from orchestrator.failpoints import ENV, RELEASE_ENV
+    from orchestrator.service import Orchestrator
+
+    changed = replace(settings, warm_spares=0, spare_dir=tmp_path / "no-spares", **changes)
+    service = Orchestrator(changed)
+    service.produce_sample(topic, 100, seed=1)
+    if driver == "pause":
+        (tmp_path / "never-released").mkdir()
+        monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
+    monkeypatch.setenv(ENV, f"driver.start={driver}")
+    return service

@@ -104,20 +104,12 @@ def test_the_conf_priority_places_the_deploy_in_the_replay_queue(
     """docs/budget.md: the DAG's conf `"priority": N` places the version in the replay queue as
     `kappa deploy --priority` does (kappa_reprocess hands the checked conf's value to the deploy
     task). The one slot is taken by a driver paused at driver.start: no JVM starts."""
-    from dataclasses import replace
-
     from orchestrator.airflow.operators import KappaDeployOperator
-    from orchestrator.failpoints import ENV, RELEASE_ENV
-    from orchestrator.service import Orchestrator
 
-    from integration.helpers import stop_drivers
+    from integration.helpers import stop_drivers, without_spark
 
-    monkeypatch.setenv("KAPPA_REPLAY_SLOTS", "1")
-    (tmp_path / "never-released").mkdir()
-    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
-    monkeypatch.setenv(ENV, "driver.start=pause")
-    service = Orchestrator(replace(settings, replay_slots=1))
-    service.produce_sample(topic, 100, seed=1)
+    monkeypatch.setenv("KAPPA_REPLAY_SLOTS", "1")  # the operator's own service
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "pause", replay_slots=1)
     try:
         for name in ("holder", "earlier"):
             service.deploy(job_file(tmp_path, "v1", topic, name=name))

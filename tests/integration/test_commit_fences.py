@@ -6,12 +6,12 @@ a driver's sink commits them (catalog/batches.py apply_batch)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from conftest import job_file
+from integration.helpers import without_spark
 
 pytestmark = [pytest.mark.integration]
 
@@ -21,14 +21,9 @@ def test_a_replaced_attempt_cannot_commit_and_a_batch_must_start_where_the_last_
     from orchestrator.catalog import versions
     from orchestrator.catalog.batches import StaleDriverError, apply_batch
     from orchestrator.errors import ConflictError
-    from orchestrator.failpoints import ENV
-    from orchestrator.service import Orchestrator
 
-    settings = replace(settings, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
-    monkeypatch.setenv(ENV, "driver.start=exit")  # registered, and no driver commits anything
+    # Registered, and no driver commits anything.
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "exit")
     deployed = service.deploy(job_file(tmp_path, "v1", topic))
     attempt = deployed.status.attempt
     s = service.settings
@@ -63,16 +58,10 @@ def test_a_paused_run_is_left_queued_by_its_driver_that_has_not_stopped_yet(
     queue, failed. Its driver must stop and leave the run as the pause left it."""
     from orchestrator.catalog import runs, versions
     from orchestrator.catalog.batches import StaleDriverError
-    from orchestrator.failpoints import ENV
-    from orchestrator.service import Orchestrator
     from orchestrator.spark.driver import Driver
     from orchestrator.states import RunState
 
-    settings = replace(settings, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
-    monkeypatch.setenv(ENV, "driver.start=exit")
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "exit")
     attempt = service.deploy(job_file(tmp_path, "v1", topic)).status.attempt
     s = service.settings
     remote = Driver(s, "pageview_counts", "v1", attempt)  # the driver, as it runs elsewhere

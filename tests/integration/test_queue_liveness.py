@@ -4,13 +4,12 @@ each driver before its Spark session)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from conftest import job_file, wait_until
-from integration.helpers import query
+from integration.helpers import query, without_spark
 
 pytestmark = [pytest.mark.integration]
 
@@ -21,17 +20,11 @@ def test_a_slot_held_by_a_dead_driver_is_freed_for_a_version_waiting_in_the_queu
     out free slots, but counted a slot held by a run whose driver had died as taken: with no
     agent to record the death, the queued version waited out its timeout."""
     from orchestrator.errors import KappaError, StateError
-    from orchestrator.failpoints import ENV
-    from orchestrator.service import Orchestrator
     from orchestrator.states import RunState
 
-    settings = replace(settings, replay_slots=1, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
     # Each driver ends as it starts, as a driver killed by the OOM killer would: no state
     # recorded, its run left `starting` with its PID, holding the one slot.
-    monkeypatch.setenv(ENV, "driver.start=exit")
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "exit", replay_slots=1)
     service.deploy(job_file(tmp_path, "v1", topic, name="holder"))
     first = service.deploy(job_file(tmp_path, "v1", topic, name="waiter"))
     assert first.status.state == RunState.QUEUED, first.status

@@ -7,31 +7,22 @@ PID, holding its slot, until the test stops it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import job_file
-from integration.helpers import stop_drivers
+from integration.helpers import stop_drivers, without_spark
 
 pytestmark = [pytest.mark.integration]
 
 
 def test_two_slots_hold_two_and_the_queue_goes_by_the_time_each_joined_it(
         settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.failpoints import ENV, RELEASE_ENV
-    from orchestrator.service import Orchestrator
     from orchestrator.states import RunState
 
-    settings = replace(settings, replay_slots=2, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
-    (tmp_path / "never-released").mkdir()
-    monkeypatch.setenv(ENV, "driver.start=pause")
-    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "pause", replay_slots=2)
     try:
         for name in ("first", "second", "rejoined", "waiting"):
             service.deploy(job_file(tmp_path, "v1", topic, name=name))
@@ -80,17 +71,10 @@ def test_two_looks_at_once_start_a_queued_version_once(
     reading of the queue and its claim, long enough for the other look to arrive."""
     import threading
 
-    from orchestrator.failpoints import ENV, RELEASE_ENV
-    from orchestrator.service import Orchestrator
+    from orchestrator.failpoints import ENV
     from orchestrator.states import RunState
 
-    settings = replace(settings, replay_slots=1, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
-    (tmp_path / "never-released").mkdir()
-    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
-    monkeypatch.setenv(ENV, "driver.start=pause")
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "pause", replay_slots=1)
     try:
         service.deploy(job_file(tmp_path, "v1", topic, name="holder"))
         assert service.deploy(job_file(tmp_path, "v1", topic, name="raced")).status.state \
@@ -127,18 +111,10 @@ def test_a_live_version_that_restarts_holds_no_slot(
     that restarts reads only its backlog, starts at once and holds none. Its driver records
     replaying, caught_up and live here as it would (the driver as a process elsewhere runs,
     no JVM), and its restart pauses at driver.start."""
-    from orchestrator.failpoints import ENV, RELEASE_ENV
-    from orchestrator.service import Orchestrator
     from orchestrator.spark.driver import Driver
     from orchestrator.states import RunState
 
-    settings = replace(settings, replay_slots=1, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
-    (tmp_path / "never-released").mkdir()
-    monkeypatch.setenv(RELEASE_ENV, str(tmp_path / "never-released"))
-    monkeypatch.setenv(ENV, "driver.start=pause")
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "pause", replay_slots=1)
     try:
         attempt = service.deploy(job_file(tmp_path, "v1", topic, name="served")).status.attempt
         driver = Driver(service.settings, "served", "v1", attempt)

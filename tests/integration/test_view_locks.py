@@ -7,7 +7,6 @@ deploy's driver ends at the fail point driver.start, and the alias is promoted w
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -15,20 +14,14 @@ import pytest
 from psycopg import sql
 
 from conftest import job_file, wait_until
+from integration.helpers import without_spark
 
 pytestmark = [pytest.mark.integration]
 
 
 def test_a_deploy_under_a_reader_holding_the_alias_never_stops_the_other_readers(
         settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.failpoints import ENV
-    from orchestrator.service import Orchestrator
-
-    settings = replace(settings, warm_spares=0,  # type: ignore[type-var]
-                       spare_dir=tmp_path / "no-spares")
-    service = Orchestrator(settings)  # type: ignore[arg-type]
-    service.produce_sample(topic, 100, seed=1)
-    monkeypatch.setenv(ENV, "driver.start=exit")
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "exit")
     service.deploy(job_file(tmp_path, "v1", topic))
     service.promote("pageview_counts", "v1", force=True, reason="a test of the view's locks")
     s = service.settings
