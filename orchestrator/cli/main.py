@@ -228,12 +228,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(status_table(statuses) if statuses else "no job versions deployed yet: "
                   "`kappa deploy jobs/<job>/<version>.py`")
-            if any(st.state == RunState.QUEUED for st in statuses):
-                from orchestrator.cli.queue import unkept_warning
+        if any(st.state == RunState.QUEUED for st in statuses):
+            from orchestrator.cli.queue import unkept_warning
 
-                unkept = unkept_warning(service.replays.keepers())
-                if unkept is not None:
-                    print(unkept)
+            unkept = unkept_warning(service.replays.keepers())
+            if unkept is not None:  # on stderr beside --json, whose stdout scripts parse
+                print(unkept, file=sys.stderr if args.json else sys.stdout)
         return 0
     if cmd in ("stop", "restart"):
         st = (service.restart(args.job, args.version, allow_gap=args.allow_gap,

@@ -7,12 +7,13 @@ PID, holding its slot, until the test stops it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import job_file
+from conftest import job_file, kappa_cli
 from integration.helpers import stop_drivers, without_spark
 
 pytestmark = [pytest.mark.integration]
@@ -41,6 +42,11 @@ def test_two_slots_hold_two_and_the_queue_goes_by_the_time_each_joined_it(
         assert sorted(listed[:2]) == [("first", "starting", None), ("second", "starting", None)]
         for name, place in (("waiting", 1), ("rejoined", 2)):
             assert f"place {place} of 2 in the replay queue" in _waited(service, name), name
+        # Nobody hands slots out at a steady interval here: `kappa status` says so, on stderr
+        # beside --json, whose stdout stays the statuses.
+        shown = kappa_cli(service.settings, "status", "--json", check=True)
+        assert len(json.loads(shown.stdout)) == 4
+        assert "nobody hands out replay slots" in shown.stderr, shown.stderr
 
         # A holder gone: its slot goes to the one that joined first.
         service.stop("first", "v1")
