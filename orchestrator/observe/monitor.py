@@ -94,7 +94,8 @@ def fail_on_log_gone(conn: psycopg.Connection, schema: str, version: DeployedVer
             return runs.get(conn, schema, version.id)
         updated = runs.change_state(conn, schema, version, RunState.FAILED, reason=reason,
                                     expected=run.as_seen())
-    return updated or run
+    # Moved since it was read (its driver failed, a stop): the next look judges it as it is.
+    return updated or runs.get(conn, schema, version.id)
 
 
 def fail_on_log_change(conn: psycopg.Connection, schema: str, version: DeployedVersion,
@@ -121,7 +122,7 @@ def fail_on_log_change(conn: psycopg.Connection, schema: str, version: DeployedV
                                     reason=log_changed_reason(mismatches, version.job,
                                                               version.version),
                                     expected=run.as_seen())
-    return updated or run
+    return updated or runs.get(conn, schema, version.id)
 
 
 def measure(conn: psycopg.Connection, settings: Settings, version: DeployedVersion,
