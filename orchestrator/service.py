@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from orchestrator.archive import archiving
+from orchestrator.archive_model.deletion import Deletion
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.desks.outcomes import OutcomeDesk
 from orchestrator.desks.switches import SwitchDesk
@@ -162,7 +163,7 @@ class Orchestrator:
         return archiving.decodings(self.catalog, prune=prune, dry_run=dry_run)
 
     def archive_restore(self, topics: Sequence[str] = (), acknowledged: Acknowledged = None,
-                        deleted: Mapping[str, int] | None = None) -> Any:
+                        deleted: Mapping[str, Deletion] | None = None) -> Any:
         return archiving.restore(self.catalog, topics, acknowledged, self.restart, deleted)
 
     # Sample data ---------------------------------------------------------------------------

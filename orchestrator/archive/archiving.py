@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from orchestrator.archive_model.deletion import Deletion
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.catalog.db import open_connection
 
@@ -69,11 +70,11 @@ def decodings(catalog: CatalogAccess, *, prune: bool = False, dry_run: bool = Fa
 def restore(catalog: CatalogAccess, topics: Sequence[str],
             acknowledged: Mapping[str, Mapping[int, int]] | None,
             restart: Callable[[str, str], object],
-            deleted: Mapping[str, int] | None = None) -> Any:
+            deleted: Mapping[str, Deletion] | None = None) -> Any:
     """Write archived topics that the broker does not hold back into it, offset for offset,
     checked against the manifest; report what a crash lost before the archive
     (``acknowledged``: the lost broker's acknowledged ends, ``deleted``: the topics its
-    clients deleted and when, from the stack's ack ledger)."""
+    clients deleted, when and which ids, from the stack's ack ledger)."""
     from orchestrator.archive.restore import Restorer
 
     with catalog.connection() as conn:

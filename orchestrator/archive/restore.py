@@ -23,6 +23,7 @@ import psycopg
 from orchestrator.archive.archiver import read_archived
 from orchestrator.archive.parquet_store import ParquetStore
 from orchestrator.archive.readable import archive_root
+from orchestrator.archive_model.deletion import Deletion
 from orchestrator.archive_model.restore_plan import plan_runs
 from orchestrator.archive_model.segments import (
     ArchivedRecord,
@@ -111,16 +112,16 @@ class Restorer:
         self.store = ParquetStore(archive_root(settings))
 
     def restore(self, topics: Sequence[str] = (), acknowledged: Acknowledged | None = None,
-                deleted: Mapping[str, int] | None = None) -> RestoreReport:
+                deleted: Mapping[str, Deletion] | None = None) -> RestoreReport:
         """Every archived topic the broker does not hold (or ``topics``), newest lineage.
         ``acknowledged``: the ends the lost broker acknowledged, ``deleted``: the topics its
-        clients deleted, and when (epoch ms) (the stack's ack ledger)."""
+        clients deleted, when and which ids (the stack's ack ledger)."""
         acknowledged = acknowledged or {}
         fail_point("restore.start")
         with self.conn.transaction():
-            for topic, at_ms in sorted((deleted or {}).items()):
+            for topic, deletion in sorted((deleted or {}).items()):
                 # Deleted too soon before the crash for an archiver pass to see it.
-                if manifest.end_lineages_met_before(self.conn, self.schema, topic, at_ms):
+                if manifest.end_deleted(self.conn, self.schema, topic, deletion):
                     log.warning("%s was deleted on the lost broker: its archive's lineage "
                                 "ends, and no restore brings it back", topic)
             known = manifest.known_logs(self.conn, self.schema)

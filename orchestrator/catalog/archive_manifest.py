@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from orchestrator.archive_model.deletion import Deletion
 from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog.db import qualified
 from orchestrator.log_identity import LogIdentity
@@ -123,14 +124,16 @@ def end_lineages(conn: psycopg.Connection, schema: str, identities: Sequence[Lin
                      (identity.cluster_id, identity.topic, identity.topic_id))
 
 
-def end_lineages_met_before(conn: psycopg.Connection, schema: str, topic: str,
-                            deleted_at_ms: int) -> int:
-    """A client deleted ``topic`` at ``deleted_at_ms`` (the stack's ack ledger saw it): end
-    its live lineages the archive met before then; how many."""
+def end_deleted(conn: psycopg.Connection, schema: str, topic: str, deletion: Deletion) -> int:
+    """A client deleted ``topic`` (the stack's ack ledger saw it): end its live lineages of the
+    ids deleted, or, where a deletion's id is unknown, those the archive met before it (the
+    proxy's clock against PostgreSQL's); how many."""
+    which = (sql.SQL("topic_id = ANY(%s)") if deletion.by_id
+             else sql.SQL("seen_at < to_timestamp(%s / 1000.0)"))
     return conn.execute(
         sql.SQL("UPDATE {} SET state = 'ended', ended_at = now() WHERE topic = %s AND "
-                "state = 'live' AND seen_at < to_timestamp(%s / 1000.0)").format(
-            qualified(schema, "archive_lineages")), (topic, deleted_at_ms)).rowcount
+                "state = 'live' AND {}").format(qualified(schema, "archive_lineages"), which),
+        (topic, sorted(deletion.topic_ids) if deletion.by_id else deletion.at_ms)).rowcount
 
 
 def root_of(conn: psycopg.Connection, schema: str, identity: Lineage, partitions: int

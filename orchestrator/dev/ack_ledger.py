@@ -7,10 +7,12 @@ makes it durable, before the producer hears of the acknowledgement. So after a c
 record a producer was told is safe is either in the archive or named, by offset, as lost.
 
 The file is a list of lines, appended and synced in groups: ``end <partition> <end> <topic>``,
-and ``deleted <epoch ms> <topic>`` when a client deleted the topic (its ends so far are
-forgotten; the restore ends the archive's lineages of the topic met before that moment, so that
-a deletion the archiver had no pass to see is not undone). Older ledgers say ``forget <topic>``:
-the ends are forgotten, with no moment. A line cut off by a crash is ignored: its
+and ``deleted-id <epoch ms> <topic id> <topic>`` when a client deleted the topic (its ends so
+far are forgotten; the restore ends the archive's lineage of that topic id, so that a deletion
+the archiver had no pass to see is not undone). A deletion whose id the proxy could not read
+is ``deleted <epoch ms> <topic>``: the restore then ends the lineages of the topic met before
+that moment (archive_model/deletion.py). Older ledgers say ``forget <topic>``: the ends are
+forgotten, with no moment. A line cut off by a crash is ignored: its
 acknowledgement was never sent. When the file grows past a bound it is rewritten as the
 deletions and ends it holds.
 """
@@ -20,8 +22,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from orchestrator.archive_model.deletion import Deletion
+
 Ends = dict[str, dict[int, int]]  # topic -> partition -> end offset
-Deletions = dict[str, int]  # topic -> when a client last deleted it (epoch milliseconds)
+Deletions = dict[str, Deletion]  # topic -> its deletions by clients (when, which ids)
 COMPACT_AFTER_BYTES = 4 << 20
 
 
@@ -31,7 +35,7 @@ def read_ledger(path: Path) -> Ends:
 
 
 def read_deletions(path: Path) -> Deletions:
-    """The topics a ledger saw deleted, and when."""
+    """The topics a ledger saw deleted: when, and which topic ids."""
     return _read(path)[1]
 
 
@@ -47,10 +51,11 @@ def _read(path: Path) -> tuple[Ends, Deletions]:
         kind, _, rest = line.partition(" ")
         if kind == "forget":
             ends.pop(rest, None)
-        elif kind == "deleted":
-            at, topic = rest.split(" ", 1)
+        elif kind in ("deleted", "deleted-id"):
+            at, rest = rest.split(" ", 1)
+            topic_id, topic = rest.split(" ", 1) if kind == "deleted-id" else (None, rest)
             ends.pop(topic, None)
-            deletions[topic] = max(deletions.get(topic, 0), int(at))
+            _note(deletions, topic, Deletion.noted(int(at), topic_id))
         elif kind == "end":
             partition, end, topic = rest.split(" ", 2)
             noted = ends.setdefault(topic, {})
@@ -58,10 +63,21 @@ def _read(path: Path) -> tuple[Ends, Deletions]:
     return ends, deletions
 
 
+def _note(deletions: Deletions, topic: str, deletion: Deletion) -> None:
+    before = deletions.get(topic)
+    deletions[topic] = deletion if before is None else before.and_then(deletion)
+
+
+def _deletion_lines(topic: str, deletion: Deletion) -> list[str]:
+    lines = [f"deleted-id {deletion.at_ms} {i} {topic}\n" for i in sorted(deletion.topic_ids)]
+    return lines + ([f"deleted {deletion.at_ms} {topic}\n"] if deletion.unidentified else [])
+
+
 def as_lines(ends: Ends, deletions: Deletions | None = None) -> str:
     """A ledger holding just ``deletions`` and ``ends``: the deletions first, since a deletion
     forgets the ends before it."""
-    return "".join([*(f"deleted {at} {t}\n" for t, at in sorted((deletions or {}).items())),
+    return "".join([*(line for t, d in sorted((deletions or {}).items())
+                      for line in _deletion_lines(t, d)),
                     *(f"end {p} {e} {t}\n" for t, partitions in sorted(ends.items())
                       for p, e in sorted(partitions.items()))])
 
@@ -80,8 +96,8 @@ def merged(older: Path, newer: Path) -> str:
     """The text of one ledger holding two: each end at its highest, each deletion at its
     latest (a lost broker's ledger that a failed restore left, and the next broker's)."""
     deletions = dict(read_deletions(older))
-    for topic, at_ms in read_deletions(newer).items():
-        deletions[topic] = max(deletions.get(topic, 0), at_ms)
+    for topic, deletion in read_deletions(newer).items():
+        _note(deletions, topic, deletion)
     return as_lines(merge(read_ledger(older), read_ledger(newer)), deletions)
 
 
@@ -106,10 +122,12 @@ class AckLedger:
         if self.ends.pop(topic, None) is not None:
             self._pending.append(f"forget {topic}\n")
 
-    def deleted(self, topic: str, at_ms: int) -> None:
+    def deleted(self, topic: str, at_ms: int, topic_id: str | None = None) -> None:
+        """A client deleted ``topic``, whose id was ``topic_id`` (None: unknown)."""
         self.ends.pop(topic, None)
-        self.deletions[topic] = max(self.deletions.get(topic, 0), at_ms)
-        self._pending.append(f"deleted {at_ms} {topic}\n")
+        deletion = Deletion.noted(at_ms, topic_id)
+        _note(self.deletions, topic, deletion)
+        self._pending.extend(_deletion_lines(topic, deletion))
 
     def take(self) -> tuple[str, str | None]:
         """The lines noted since the last take, and the whole ledger's lines when the file is

@@ -5,8 +5,9 @@ unchanged, with one exception: a Produce response is held until the ends it ackn
 durable in the ack ledger (ack_ledger.py). Acknowledgements that arrive together are synced
 together, so the wait is one fsync per group, not per batch. A DeleteTopics response that
 deleted a topic forgets its ends (a topic of that name starts again at offset 0) and notes the
-deletion, durable before the client hears of it, so that a restore after a crash does not bring
-the topic back (unless the restore itself deleted it: its clients' ids say so).
+deletion, with the topic's id read from the broker just before the request went on, durable
+before the client hears of it, so that a restore after a crash does not bring the topic back
+(unless the restore itself deleted it: its clients' ids say so).
 
 Run as ``python -m orchestrator.dev.ack_proxy LISTEN_PORT BROKER_PORT LEDGER [HELD]``; `kappa
 dev up` starts it. While the file HELD names a client id, only connections whose first request
@@ -36,6 +37,9 @@ _SIZE = struct.Struct(">i")
 _API_KEY = struct.Struct(">h")
 _CONNECT_TIMEOUT_S = 5.0
 _DRAIN_S = 5.0
+# How long a deletion waits for the broker to name the ids of the topics it deletes; without
+# them, the restore falls back to the deletion's time (archive_model/deletion.py).
+_IDS_TIMEOUT_S = 5.0
 
 log = logging.getLogger("kappa.ack_proxy")
 
@@ -86,12 +90,13 @@ async def _frame(reader: asyncio.StreamReader) -> bytes:
 
 
 class _Connection:
-    def __init__(self, group: _Group):
-        self.group = group
+    def __init__(self, group: _Group, broker_port: int):
+        self.group, self.broker_port = group, broker_port
         # correlation id -> Produce version and (topic, partition) -> offsets it takes
         self.produces: dict[int, tuple[int, dict[tuple[str, int], int]]] = {}
-        # correlation id -> DeleteTopics version, and whether a restore's client sent it
-        self.deletes: dict[int, tuple[int, bool]] = {}
+        # correlation id -> DeleteTopics version, whether a restore's client sent it, and the
+        # ids of the topics it deletes as the broker named them just before
+        self.deletes: dict[int, tuple[int, bool, dict[str, str]]] = {}
 
     async def requests(self, client: asyncio.StreamReader, broker: asyncio.StreamWriter,
                        first: bytes | None = None) -> None:
@@ -104,10 +109,13 @@ class _Connection:
                     self.produces[header.correlation_id] = (header.api_version, counts)
             elif api_key == wire.DELETE_TOPICS:
                 header, _ = wire.request_header(message)
-                wire.deleted_topics(message)  # a version it cannot read closes the connection
+                # A version it cannot read closes the connection.
+                topics = wire.deleted_topics(message)
                 by_restore = (wire.request_client_id(message) or "").startswith(
                     RESTORE_CLIENT_ID_PREFIX)
-                self.deletes[header.correlation_id] = (header.api_version, by_restore)
+                ids = {} if by_restore else await asyncio.get_running_loop().run_in_executor(
+                    None, topic_ids, self.broker_port, topics)
+                self.deletes[header.correlation_id] = (header.api_version, by_restore, ids)
             broker.write(_SIZE.pack(len(message)) + message)
             await broker.drain()
 
@@ -133,7 +141,8 @@ class _Connection:
             await client.drain()
 
 
-    async def _note_deletions(self, message: bytes, version: int, by_restore: bool) -> None:
+    async def _note_deletions(self, message: bytes, version: int, by_restore: bool,
+                              ids: dict[str, str]) -> None:
         ledger = self.group.ledger
         at_ms = int(time.time() * 1000)
         deleted = [t for t, error in wire.delete_outcomes(message, version).items() if not error]
@@ -142,9 +151,24 @@ class _Connection:
             if by_restore:
                 ledger.forget(topic)
             else:
-                ledger.deleted(topic, at_ms)
+                ledger.deleted(topic, at_ms, ids.get(topic))
         if deleted:
             await self.group.durable()
+
+
+def topic_ids(broker_port: int, topics: list[str]) -> dict[str, str]:
+    """The ids the broker gives ``topics`` now; those it could not name are left out (a
+    deletion then falls back to its time)."""
+    from orchestrator.errors import KappaError
+    from orchestrator.kafka.admin import log_identity
+
+    try:
+        found = log_identity(f"{HOST}:{broker_port}", topics, timeout_s=_IDS_TIMEOUT_S)
+    except KappaError as exc:
+        log.warning("the broker did not name the ids of %s (%s): their deletion is noted with "
+                    "its time only", ", ".join(topics), exc)
+        return {}
+    return {topic: topic_id for topic, topic_id in found.topics.items() if topic_id}
 
 
 async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
@@ -168,7 +192,7 @@ async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.Str
     except (TimeoutError, OSError):
         client_writer.close()
         return
-    connection = _Connection(group)
+    connection = _Connection(group, broker_port)
     requests = asyncio.create_task(connection.requests(client_reader, broker_writer, first))
     responses = asyncio.create_task(connection.responses(broker_reader, client_writer))
     await asyncio.wait((requests, responses), return_when=asyncio.FIRST_COMPLETED)

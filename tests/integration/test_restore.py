@@ -6,6 +6,7 @@ held it is reported by offset; and a damaged segment is never restored."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import replace
 
@@ -164,7 +165,13 @@ def test_a_topic_deleted_before_any_archiver_pass_saw_it_is_not_restored(
     proxy and created again, then the broker lost before the archiver's next pass. The ledger
     kept the deletion, so the restore ends the old lineage: the old records do not come back
     into the new topic, and what the new topic was acknowledged is reported lost. The restore's
-    own clients delete without ending anything (the other topic is restored)."""
+    own clients delete without ending anything (the other topic is restored).
+
+    #61, path 6: a third topic is deleted, created again and archived by a pass, which ends
+    its old lineage and meets the new one. The ledger notes the id the broker gave each topic
+    it deleted; the deletion's time, from the proxy's clock, is put an hour ahead here, as a
+    clock ahead of PostgreSQL's would put it. Compared by time, the new lineage was met "before"
+    the deletion and was ended; by id, only what was deleted is."""
     import psutil
 
     from orchestrator.dev.broker_process import start_broker
@@ -172,9 +179,10 @@ def test_a_topic_deleted_before_any_archiver_pass_saw_it_is_not_restored(
     from orchestrator.dev.proxy_process import (
         lost_broker_acks,
         lost_broker_deletions,
+        lost_ledger_path,
         retire_ledger,
     )
-    from orchestrator.kafka.admin import topic_names
+    from orchestrator.kafka.admin import log_identity, topic_names
     from orchestrator.service import Orchestrator
 
     dev = tmp_path / "dev"
@@ -187,25 +195,36 @@ def test_a_topic_deleted_before_any_archiver_pass_saw_it_is_not_restored(
         brokers.append(started)
         return replace(settings, kafka_bootstrap=started["kafka_bootstrap"])
 
-    other = f"{topic}_other"
+    other, again = f"{topic}_other", f"{topic}_again"
     try:
         first = broker()
         service = Orchestrator(first)
-        for name, count, seed in ((topic, 500, 152), (other, 300, 153)):
+        for name, count, seed in ((topic, 500, 152), (other, 300, 153), (again, 200, 155)):
             service.produce_sample(name, count, seed=seed)
             assert _run(first, name) == 0
+        deleted_ids = log_identity(first.kafka, [topic, again]).topics
         _delete(first, topic)
         service.produce_sample(topic, 50, seed=154)  # the name again, not archived yet
+        _delete(first, again)
+        service.produce_sample(again, 40, seed=156)  # the name again, archived
+        assert _run(first, again) == 0
         lost = brokers[0]
         psutil.Process(lost["broker_pid"]).kill()
         retire_ledger(dev, lost)
-        assert lost_broker_deletions(dev).keys() == {topic}
+        deletions = lost_broker_deletions(dev)
+        assert {t: d.topic_ids for t, d in deletions.items()} == {
+            t: {deleted_ids[t]} for t in (topic, again)}, deletions
+        ledger = lost_ledger_path(dev)
+        ledger.write_text(re.sub(r"^(deleted(?:-id)? )(\d+)",
+                                 lambda m: f"{m[1]}{int(m[2]) + 3_600_000}",
+                                 ledger.read_text(), flags=re.MULTILINE))
 
         second = broker()
         report = Orchestrator(second).archive_restore(
             acknowledged=lost_broker_acks(dev), deleted=lost_broker_deletions(dev))
         assert report.ended == (topic,), report
-        assert [(t.topic, t.records) for t in report.restored] == [(other, 300)], report
+        assert sorted((t.topic, t.records) for t in report.restored) == [
+            (again, 40), (other, 300)], report
         assert topic not in topic_names(second.kafka)
         assert {r.topic for r in report.unarchived} == {topic}, report
         assert all(r.first_offset == 0 for r in report.unarchived), report

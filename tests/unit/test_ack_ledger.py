@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.archive_model.deletion import Deletion
 from orchestrator.dev import ack_ledger
 from orchestrator.dev.ack_ledger import AckLedger, merge, read_deletions, read_ledger
 from orchestrator.kafka import wire
@@ -134,26 +135,36 @@ def test_a_delete_topics_response_says_which_topics_were_deleted(version: int) -
 
 def test_a_deletion_forgets_the_ends_before_it_and_is_kept_when_compacted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """#47, path 2: the ledger keeps when a client deleted a topic, so that a restore after a
-    crash ends the archive's lineage even when no archiver pass saw the deletion."""
+    """#47, path 2: the ledger keeps when a client deleted a topic, and (#61, path 6) the ids
+    it deleted, so that a restore after a crash ends the archive's lineages of those ids even
+    when no archiver pass saw the deletion; a deletion whose id is unknown keeps its time."""
     path = tmp_path / "acks"
     ledger = AckLedger(path)
     ledger.note("t", 0, 500)
-    ledger.deleted("t", 1_000)
+    ledger.deleted("t", 1_000, "id-t1")
     ledger.note("t", 0, 20)  # the name again: a new topic
-    ledger.deleted("u", 2_000)
+    ledger.deleted("u", 2_000)  # the broker did not name its id
+    ledger.deleted("v", 2_500, "id-v1")
+    ledger.deleted("v", 2_600, "id-v2")  # created again and deleted again
     ledger.write(*ledger.take())
+    expected = {"t": Deletion(1_000, frozenset({"id-t1"}), unidentified=False),
+                "u": Deletion(2_000),
+                "v": Deletion(2_600, frozenset({"id-v1", "id-v2"}), unidentified=False)}
     assert read_ledger(path) == {"t": {0: 20}}
-    assert read_deletions(path) == {"t": 1_000, "u": 2_000}
+    assert read_deletions(path) == expected
+    assert [d.by_id for d in expected.values()] == [True, False, True]
     monkeypatch.setattr(ack_ledger, "COMPACT_AFTER_BYTES", 0)
     ledger.note("t", 1, 7)
     ledger.write(*ledger.take())  # rewritten as its deletions, then its ends
     ledger.close()
     assert read_ledger(path) == {"t": {0: 20, 1: 7}}
-    assert read_deletions(path) == {"t": 1_000, "u": 2_000}
+    assert read_deletions(path) == expected
     reopened = AckLedger(path)
     reopened.close()
-    assert reopened.deletions == {"t": 1_000, "u": 2_000}
+    assert reopened.deletions == expected
+    # A ledger of before the ids: its deletions are by time.
+    path.write_text("deleted 3000 w\n")
+    assert read_deletions(path) == {"w": Deletion(3_000)}
 
 
 def test_the_ledger_keeps_the_highest_end_and_survives_a_line_cut_off(tmp_path: Path) -> None:
@@ -238,9 +249,11 @@ def test_a_group_whose_sync_raises_fails_its_waiters_and_syncs_the_next_one(
 def test_two_ledgers_merge_into_one_with_the_highest_ends_and_the_latest_deletions(
         tmp_path: Path) -> None:
     older, newer = tmp_path / "older", tmp_path / "newer"
-    older.write_text(ack_ledger.as_lines({"a": {0: 10, 1: 4}, "b": {0: 3}}, {"gone": 100}))
-    newer.write_text(ack_ledger.as_lines({"a": {0: 7, 1: 9}}, {"gone": 50, "other": 70}))
+    gone, other = Deletion.noted(100, "id-1"), Deletion.noted(70, "id-3")
+    older.write_text(ack_ledger.as_lines({"a": {0: 10, 1: 4}, "b": {0: 3}}, {"gone": gone}))
+    newer.write_text(ack_ledger.as_lines({"a": {0: 7, 1: 9}},
+                                         {"gone": Deletion(50), "other": other}))
     both = tmp_path / "both"
     both.write_text(ack_ledger.merged(older, newer))
     assert read_ledger(both) == {"a": {0: 10, 1: 9}, "b": {0: 3}}
-    assert read_deletions(both) == {"gone": 100, "other": 70}
+    assert read_deletions(both) == {"gone": Deletion(100, frozenset({"id-1"})), "other": other}
