@@ -71,6 +71,7 @@ POINTS = (
     "restore.before_check",  # a topic's records are produced; their read-back check is next
     "ack_proxy.ledger_write",  # the ack proxy is about to sync a group of acknowledged ends
     "ack_proxy.before_forward",  # a Produce's ends are synced; its producer has not heard yet
+    "probe.fetch",  # a log-end probe is about to look for its Fetch answers (or its deadline)
     "queue.claiming",  # a look read the queue under its lock; it claims the first version next
     "queue.after_claim",  # replay slots are claimed (committed); no driver launched yet
     "status.before_failing_a_dead_driver",  # a status saw an active run's driver gone

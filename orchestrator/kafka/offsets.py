@@ -33,6 +33,7 @@ from typing import Any, Self
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from orchestrator.errors import KappaError, NotFoundError, ServiceUnavailableError
+from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import DEFAULT_TIMEOUT_S, base_config, kafka_errors, translate
 from orchestrator.kafka.endpoint import Kafka
 
@@ -296,6 +297,7 @@ class LogEndProbe:
             reached: dict[tuple[str, int], int] = {}  # the offset after the last record read
             try:
                 while len(ends) < len(candidates):
+                    fail_point("probe.fetch")
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         if not final:

@@ -437,3 +437,20 @@ def test_log_clients_answer_like_fresh_clients_across_calls(
         assert clients.bounds([topic, other])[(topic, 0)] == (0, n)
     finally:
         clients.close()
+
+
+def test_a_probe_out_of_time_gives_no_end_rather_than_a_lower_bound(
+        bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """offsets.py promises that where no read reached the end within the timeout the end is
+    unknown (ServiceUnavailableError), never where the read got: a lag measured against that
+    would be too small. The fail point probe.fetch makes every Fetch wait outlast the timeout."""
+    from orchestrator.failpoints import ENV
+
+    topic = _topic()
+    ensure_topic(bootstrap, topic, 1)
+    assert produce(bootstrap, topic, [(None, b"%d" % i) for i in range(5_000)]) == 5_000
+    assert log_bounds(bootstrap, [topic]) == {(topic, 0): (0, 5_000)}
+    monkeypatch.setenv(ENV, "probe.fetch=sleep(1200)")
+    with pytest.raises(ServiceUnavailableError, match="sent no Fetch answer") as unknown:
+        log_bounds(bootstrap, [topic], timeout_s=1)
+    assert "\n" not in str(unknown.value)
