@@ -12,7 +12,6 @@ from orchestrator.lag import Thresholds
 from orchestrator.metrics.exporter import Snapshot
 from orchestrator.metrics.server import serve
 from orchestrator.observe.supervisor import Supervisor
-from orchestrator.replay_queue.keeper import keeper_name
 
 
 def run_agent(service: Any, args: argparse.Namespace) -> int:
@@ -23,7 +22,7 @@ def run_agent(service: Any, args: argparse.Namespace) -> int:
     supervise = getattr(args, "restart", False)
     supervisor = Supervisor(service)
 
-    keeper = (keeper_name("kappa agent"), args.interval)
+    keeper = (service.replays.keeper_name("kappa agent"), args.interval)
 
     def take() -> Snapshot:
         if args.command == "agent":

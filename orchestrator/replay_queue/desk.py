@@ -27,6 +27,11 @@ class ReplayDesk:
         """(catch-ups holding a slot, versions queued, slots; None: no budget)."""
         return slots.counts(self.catalog)
 
+    @staticmethod
+    def keeper_name(what: str) -> str:
+        """How a process that looks at the queue at a steady interval is named (host, pid)."""
+        return keeper.keeper_name(what)
+
     def schedule(self, keeper: tuple[str, float] | None = None) -> list[tuple[str, str]]:
         """Start the queued versions that free slots allow; (job, version) of each.
         ``keeper``: (who, interval in seconds) of a process that looks at a steady interval."""
