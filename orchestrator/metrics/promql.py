@@ -138,14 +138,12 @@ class PrometheusOutcomes:
                 continue
             query = _for(text, version)
             grown = self._kept_value(span_growth(query, start, stop), stop, keep=keep_stop)
-            delta = 0.0 if grown is None else grown  # no series had a sample in the span
-            if delta < 0:
-                return None
             # A restart sets the series back to 0; once it regrew past the start, only
             # Prometheus, which keeps each series apart, can tell.
-            if grown is not None and self._reset(query, start, stop, keep_stop=keep_stop):
+            if grown is not None and (
+                    grown < 0 or self._reset(query, start, stop, keep_stop=keep_stop)):
                 return None
-            figures.append(delta)
+            figures.append(grown or 0.0)  # None: no series had a sample in the span
         count, total, squares = figures
         return summary_of(metric.kind, count or 0.0, total or 0.0, squares)
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.models import QueueKeeper, ReplayHold, VersionLag
-from orchestrator.replay_queue import keeper, pausing, slots
+from orchestrator.replay_queue import keeper as queue_keeper
+from orchestrator.replay_queue import pausing, slots
 from orchestrator.versions import reporting
 
 
@@ -30,7 +31,7 @@ class ReplayDesk:
     @staticmethod
     def keeper_name(what: str) -> str:
         """How a process that looks at the queue at a steady interval is named (host, pid)."""
-        return keeper.keeper_name(what)
+        return queue_keeper.keeper_name(what)
 
     def schedule(self, keeper: tuple[str, float] | None = None) -> list[tuple[str, str]]:
         """Start the queued versions that free slots allow; (job, version) of each.
@@ -41,7 +42,7 @@ class ReplayDesk:
              ) -> None:
         """Keep the queue until ``stop()``: every ``every_s`` seconds, free the slots of
         catch-ups whose driver is gone and hand out the free slots (`kappa queue keep`)."""
-        keeper.keep(self.catalog, every_s, stop, say)
+        queue_keeper.keep(self.catalog, every_s, stop, say)
 
     def keepers(self) -> list[QueueKeeper]:
         """The processes that hand out slots at a steady interval, and how long since each
