@@ -1,7 +1,8 @@
 """The replay queue's promises in docs/budget.md that no test kept before #61: with N = 2 slots
 never more than two catch-ups hold one, whoever looks; ties of priority go by the time a version
 joined the queue, not by when it was deployed; `kappa wait` shows each queued version's place;
-two looks at once start a version once; a live version that restarts holds no slot. No JVM
+two looks at once start a version once; a live version that restarts holds no slot; `kappa queue
+--json` shows live first's hold and the queue as the service gives it. No JVM
 starts: every driver pauses at the fail point driver.start, alive, its run `starting` with its
 PID, holding its slot, until the test stops it."""
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import job_file, kappa_cli
-from integration.helpers import stop_drivers, without_spark
+from integration.helpers import live_lag, stop_drivers, without_spark
 
 pytestmark = [pytest.mark.integration]
 
@@ -23,7 +24,8 @@ def test_two_slots_hold_two_and_the_queue_goes_by_the_time_each_joined_it(
         settings: object, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.states import RunState
 
-    service = without_spark(settings, topic, tmp_path, monkeypatch, "pause", replay_slots=2)
+    service = without_spark(settings, topic, tmp_path, monkeypatch, "pause", replay_slots=2,
+                            live_lag_protect_s=60.0)
     try:
         for name in ("first", "second", "rejoined", "waiting"):
             service.deploy(job_file(tmp_path, "v1", topic, name=name))
@@ -53,6 +55,19 @@ def test_two_slots_hold_two_and_the_queue_goes_by_the_time_each_joined_it(
         assert service.replays.schedule() == [("waiting", "v1")]
         assert service.version_status("rejoined", "v1").state == RunState.QUEUED
         assert service.replays.counts() == (2, 1, 2)
+
+        # Live first's hold, as `kappa queue --json` shows it.
+        assert service.replays.protect_live([live_lag("live_one", 99.0)], 60.0)
+        listed_json = json.loads(kappa_cli(service.settings, "queue", "--json",
+                                           check=True).stdout)
+        assert listed_json["hold"]["reason"].startswith(
+            "live version live_one v1 is 99.0s behind"), listed_json["hold"]
+        assert listed_json["hold"]["since"], listed_json["hold"]
+        assert listed_json["replay_slots"] == 2 and listed_json["versions"]
+        assert [(e["job"], e["state"], e["place"], e["wait_s"], e["eta_s"])
+                for e in listed_json["versions"]] == [
+            (e["job"], e["state"], e["place"], e["wait_s"], e["eta_s"])
+            for e in service.replays.queue()]
     finally:
         stop_drivers(service)
 
