@@ -11,16 +11,16 @@ and assigns them by their A/B bucket (experiment/simulation.py). Scenarios:
   serving it), and with the observation as the unit (the command before);
 - ``metrics``: A/A with three metrics (a decision proportion, a guardrail proportion and a
   guardrail mean), and with one mean as the decision metric;
-- ``power``: a 10 % relative uplift on a 5 % base rate, 400 keys, looks of 2,000 (ab at 50 %,
-  --mixture-sd 0.05): keys that differ as above, without and with their history (50 looks'
-  worth), and keys 100 times more alike;
+- ``power``: a 10 % relative uplift on a 5 % base rate, 400 and 40 keys, looks of 2,000 (ab at
+  50 %, --mixture-sd 0.05): keys that differ as above, without and with their history (50
+  looks' worth), and keys 100 times more alike;
 - ``regret``: a candidate 20 % worse (30 % against 24 %), 400 keys with their history, looks of
   200, ab and bandit from 50 %: the readers exposed to it before the rollback;
 - ``late``: the same worse candidate, outcomes observed up to two looks after their key was
   served, a bandit with --allow-non-inferior (margin 10 %) and the keys' history: exposure and
   false promotions, credited by observed_at with and without --attribution-delay (two looks),
   and by served_at;
-- ``few_keys``: A/A with 2, 3, 5, 8 and 12 keys per arm, ab and bandit.
+- ``few_keys``: A/A with 2, 3, 5, 8, 12 and 20 keys per arm, ab and bandit.
 It asserts nothing; runs use both cores.
 """
 
@@ -105,13 +105,14 @@ def metrics(pool: ProcessPoolExecutor, runs: int) -> list[dict[str, Any]]:
 
 def power(pool: ProcessPoolExecutor, runs: int) -> list[dict[str, Any]]:
     out = []
-    for heterogeneity, history in ((20.0, 0), (20.0, 50), (2000.0, 0)):
-        traffic = Traffic(keys=400, per_look=2000, base_rate=0.05, lift=1.1,
+    for keys, heterogeneity, history in ((400, 20.0, 0), (400, 20.0, 50), (400, 2000.0, 0),
+                                         (40, 20.0, 50), (40, 2000.0, 0)):
+        traffic = Traffic(keys=keys, per_look=2000, base_rate=0.05, lift=1.1,
                           heterogeneity=heterogeneity, history_looks=history)
         design = _design(Strategy.AB, [CONVERTS], start_percent=50, mixture_sd=0.05)
         found = _runs(pool, design, [CONVERTS], traffic, 400, max(runs // 10, 20))
         promoted = [r for r in found if r.verdict == Verdict.PROMOTE]
-        out.append({"beta_a_plus_b": heterogeneity, "history_looks": history,
+        out.append({"keys": keys, "beta_a_plus_b": heterogeneity, "history_looks": history,
                     "runs": len(found),
                     "promoted": len(promoted),
                     "rolled_back": sum(r.verdict == Verdict.ROLL_BACK for r in found),
@@ -154,12 +155,12 @@ def late(pool: ProcessPoolExecutor, runs: int) -> list[dict[str, Any]]:
 
 
 def few_keys(pool: ProcessPoolExecutor, runs: int) -> list[dict[str, Any]]:
-    """A/A with 2 to 12 keys per arm (#61 path 2): the keys split about evenly (ab at 50 %,
+    """A/A with 2 to 20 keys per arm (#61 path 2): the keys split about evenly (ab at 50 %,
     the bandit from 50 % within 5-95 %), 100 looks of 400 observations. A rollback for want
     of evidence is not a false call; it is counted apart."""
     out = []
     for strategy in (Strategy.AB, Strategy.BANDIT):
-        for per_arm in (2, 3, 5, 8, 12):
+        for per_arm in (2, 3, 5, 8, 12, 20):
             design = _design(strategy, [CONVERTS], start_percent=50, min_percent=5,
                              max_percent=95, no_data_timeout_s=1e9)
             found = _runs(pool, design, [CONVERTS], Traffic(keys=2 * per_arm, per_look=400,
