@@ -57,3 +57,14 @@ class LogGapError(KappaError):
 class LogChangedError(KappaError):
     """The log no longer holds the position a version reached (a topic recreated, retention
     past unread offsets): the version fails; redeploy, or `kappa restart --allow-gap`."""
+
+
+class RegistryUnavailableError(ServiceUnavailableError):
+    """The schema registry cannot be reached or answers with a server error: a version reading
+    through it stalls, and resumes once the registry answers; check schema_registry_url."""
+
+
+class RegistryAuthError(ConfigError):
+    """The schema registry refused the credentials (HTTP 401 or 403): set
+    KAPPA_SCHEMA_REGISTRY_USER_INFO or KAPPA_SCHEMA_REGISTRY_TOKEN (or their files) and restart
+    the version."""

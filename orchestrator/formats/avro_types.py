@@ -121,8 +121,8 @@ class _Mapper:
         others = [b for b in branches if b != "null"]
         if len(others) != 1:
             shown = " | ".join(b if isinstance(b, str) else str(b.get("type")) for b in branches)
-            raise self.refuse(path, f"a union of {shown}: only a union of null and one type maps "
-                              "to a (nullable) Spark type")
+            raise self.refuse(path, f"a union of {shown} (only null and one other type map to "
+                              "a Spark type)")
         return self.type(others[0], path, within)
 
     def decimal(self, schema: Mapping[str, Any], path: str) -> spark.Decimal:

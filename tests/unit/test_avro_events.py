@@ -4,8 +4,8 @@ reader and schema resolution over generated schemas, evolved readers and garbled
 
 from __future__ import annotations
 
+import decimal
 import io
-import itertools
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -87,8 +87,8 @@ def test_the_spark_schema_is_derived_from_the_reader_schema() -> None:
 @pytest.mark.parametrize(("field_type", "message"), [
     ("bytes", "field blob is of Avro type bytes, which has no Spark type here"),
     ({"type": "fixed", "name": "F", "size": 4}, "field blob is of Avro type fixed"),
-    (["null", "long", "string"], "field blob is a union of null | long | string: only a union "
-                                 "of null and one type maps"),
+    (["null", "long", "string"], "field blob is a union of null | long | string (only null and "
+                                 "one other type map to a Spark type), which has no Spark type"),
     ({"type": "long", "logicalType": "local-timestamp-millis"},
      "field blob is a local timestamp (no time zone)"),
     ({"type": "int", "logicalType": "time-millis"}, "field blob is a time of day"),
@@ -124,11 +124,10 @@ def _escaped(text: str) -> str:
 # --- values of generated schemas -------------------------------------------------------------
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_names = itertools.count()
-
-
-def _fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+_WIDE = decimal.Context(prec=40)  # scaleb under the default 28 digits would round the value
+# Avro names are unique within a schema; drawn, so that the examples do not depend on what ran
+# before in the process.
+_NAME = st.uuids().map(lambda u: u.hex[:16])
 
 
 @st.composite
@@ -136,9 +135,9 @@ def _decimal_type(draw: st.DrawFn) -> tuple[Any, st.SearchStrategy[Any]]:
     precision = draw(st.integers(1, 38))
     scale = draw(st.integers(0, precision))
     kind: dict[str, Any] = {"type": "bytes"} if draw(st.booleans()) else {
-        "type": "fixed", "name": _fresh("Fixed"), "size": 16}
+        "type": "fixed", "name": "Fixed" + draw(_NAME), "size": 16}
     values = st.integers(-(10**precision) + 1, 10**precision - 1).map(
-        lambda n: Decimal(n).scaleb(-scale))
+        lambda n: Decimal(n).scaleb(-scale, context=_WIDE))
     return {**kind, "logicalType": "decimal", "precision": precision, "scale": scale}, values
 
 
@@ -165,7 +164,7 @@ def _leaf(draw: st.DrawFn) -> tuple[Any, st.SearchStrategy[Any]]:
     if draw(st.integers(0, 9)) == 0:
         symbols = draw(st.lists(st.from_regex(r"[A-Z][A-Z0-9_]{0,3}", fullmatch=True),
                                 min_size=1, max_size=4, unique=True))
-        return {"type": "enum", "name": _fresh("Enum"), "symbols": symbols}, \
+        return {"type": "enum", "name": "Enum" + draw(_NAME), "symbols": symbols}, \
             st.sampled_from(symbols)
     return draw(st.sampled_from(_LEAVES))
 
@@ -180,22 +179,29 @@ def _nest(children: st.SearchStrategy[tuple[Any, st.SearchStrategy[Any]]]
             st.text(max_size=4), child[1], max_size=3)
 
     def nullable(child: tuple[Any, Any]) -> tuple[Any, Any]:
+        if isinstance(child[0], list):  # a union in a union is not Avro
+            return child
         return ["null", child[0]], st.none() | child[1]
 
     return st.one_of(children.map(array), children.map(mapping), children.map(nullable),
-                     st.lists(children, min_size=1, max_size=3).map(_record_of))
+                     _records(st.lists(children, min_size=1, max_size=3)))
 
 
-def _record_of(fields: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+def _records(fields: st.SearchStrategy[list[tuple[Any, Any]]]
+             ) -> st.SearchStrategy[tuple[Any, Any]]:
+    return st.tuples(fields, _NAME).map(lambda drawn: _record_of(*drawn))
+
+
+def _record_of(fields: list[tuple[Any, Any]], name: str) -> tuple[Any, Any]:
     names = [f"f{i}" for i in range(len(fields))]
-    schema = {"type": "record", "name": _fresh("Rec"),
+    schema = {"type": "record", "name": "Rec" + name,
               "fields": [{"name": n, "type": t} for n, (t, _) in zip(names, fields, strict=True)]}
     return schema, st.fixed_dictionaries({n: v for n, (_, v) in
                                           zip(names, fields, strict=True)})
 
 
 _TYPES = st.recursive(_leaf(), _nest, max_leaves=6)
-_WRITERS = st.lists(_TYPES, min_size=1, max_size=5).map(_record_of)
+_WRITERS = _records(st.lists(_TYPES, min_size=1, max_size=5))
 
 
 def _reader_of(writer: dict[str, Any], dropped: list[bool], added: int) -> dict[str, Any]:
@@ -222,7 +228,26 @@ def _reference(value: bytes, writers: dict[int, Any], reader: Any) -> dict[str, 
                                             fastavro.parse_schema(reader))
     except Exception:
         return None
-    return record if body.tell() == len(value) - 5 else None
+    whole = body.tell() == len(value) - 5
+    return record if whole and _fits(reader, record) else None
+
+
+def _fits(schema: Any, v: Any) -> bool:
+    """Avro's rule that fastavro leaves to the reader: a decimal has at most its precision's
+    digits (garbled bytes can decode to more)."""
+    if isinstance(schema, list):
+        return v is None or _fits(next(b for b in schema if b != "null"), v)
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("logicalType") == "decimal":  # (the writers here keep the reader's scale)
+        return bool(v == 0 or v.adjusted() < schema["precision"] - schema.get("scale", 0))
+    if schema.get("type") == "record":
+        return all(_fits(f["type"], v[f["name"]]) for f in schema["fields"])
+    if schema.get("type") == "array":
+        return all(_fits(schema["items"], x) for x in v)
+    if schema.get("type") == "map":
+        return all(_fits(schema["values"], x) for x in v.values())
+    return True
 
 
 def _plain(v: Any) -> Any:

@@ -1,0 +1,76 @@
+"""The schema registry, through ``confluent_kafka.schema_registry``'s client (its HTTP,
+retries and cache; no client of our own): writer schemas by id for the Avro parser.
+
+What the registry answers decides what a record becomes. An id it does not know (HTTP 404) is
+the record's fault: a dead letter. A registry that cannot be reached, or answers 5xx or 429, is
+an outage (RegistryUnavailableError): the read stalls and is tried again; it never makes dead
+letters. A 401 or 403 is a configuration error (RegistryAuthError) that no retry mends.
+Credentials go to the client's configuration only; no message quotes them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from orchestrator.errors import RegistryAuthError, RegistryUnavailableError
+
+_NOT_FOUND = 404
+_REFUSED = (401, 403)
+
+
+class SchemaRegistry:
+    def __init__(self, url: str, *, user_info: str | None = None, token: str | None = None,
+                 ca_location: str | None = None, timeout_s: float = 10.0, retries: int = 2):
+        self.url = shown_url(url)
+        conf: dict[str, Any] = {"url": url, "timeout": timeout_s, "max.retries": retries,
+                                "retries.wait.ms": 200, "retries.max.wait.ms": 2000}
+        if user_info is not None:
+            conf["basic.auth.user.info"] = user_info
+        if token is not None:
+            conf.update({"bearer.auth.credentials.source": "STATIC_TOKEN",
+                         "bearer.auth.token": token, "bearer.auth.logical.cluster": "-"})
+        if ca_location is not None:
+            conf["ssl.ca.location"] = ca_location
+        self._client = SchemaRegistryClient(conf)
+
+    def avro_schema(self, schema_id: int) -> dict[str, Any] | None:
+        """The Avro schema of ``schema_id`` as parsed JSON; None if the registry has no such
+        id or it is not an Avro schema."""
+        schema = self._call(self._client.get_schema, schema_id, f"schema id {schema_id}")
+        if schema is None or (schema.schema_type or "AVRO") != "AVRO":
+            return None
+        found: dict[str, Any] = json.loads(schema.schema_str or "null")
+        return found
+
+    def _call(self, method: Any, argument: Any, what: str) -> Any:
+        try:
+            return method(argument)
+        except SchemaRegistryError as exc:
+            status = exc.http_status_code
+            if status == _NOT_FOUND:
+                return None
+            if status in _REFUSED:
+                raise RegistryAuthError(
+                    f"the schema registry at {self.url} refused the credentials for {what} "
+                    f"(HTTP {status}: {exc.error_message}): set KAPPA_SCHEMA_REGISTRY_USER_INFO "
+                    "or KAPPA_SCHEMA_REGISTRY_TOKEN, then restart the version") from None
+            raise RegistryUnavailableError(
+                f"the schema registry at {self.url} answered HTTP {status} for {what} "
+                f"({exc.error_message}); the read resumes once it answers") from None
+        except Exception as exc:  # the client's HTTP library: refused, reset, timed out
+            raise RegistryUnavailableError(
+                f"the schema registry at {self.url} cannot be reached for {what} "
+                f"({type(exc).__name__}); the read resumes once it answers") from None
+
+
+def shown_url(url: str) -> str:
+    """The URL without any user:password in it, for messages."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
