@@ -1,1 +1,2 @@
-"""Event formats other than JSON: the schema registry's framing, Avro (pure: no driver)."""
+"""Event formats besides JSON: the schema registry's framing, Avro and Protobuf (pure: no
+driver library)."""

@@ -24,6 +24,7 @@ from fastavro.read import SchemaResolutionError
 
 from orchestrator.formats import wire
 from orchestrator.formats.avro_types import event_struct, parsed_schema
+from orchestrator.formats.checks import first_negative, non_negative_paths
 from orchestrator.schema import Array, DataType, Decimal, Map, Struct, check_non_negative
 
 WriterSchemas = Callable[[int], Mapping[str, Any] | None]
@@ -52,24 +53,19 @@ class AvroEventParser:
         uuids = _has_uuid(self._reader)
         self._converts = tuple((name, _converter(t, name, uuids)) for name, t in
                                self.schema.fields)
-        self._non_negative = tuple(
-            (self.fields.index(path.split(".")[0]), tuple(path.split(".")[1:]), path)
-            for path in non_negative)
+        self._non_negative = non_negative_paths(self.fields, non_negative)
 
     def parse(self, value: bytes | None) -> tuple[tuple[Any, ...] | None, str | None]:
         """Return (values in schema order, None) or (None, error)."""
-        if value is None:
-            return None, "empty value (tombstone)"
-        try:
-            framed = wire.split(value)
-        except wire.FrameError as exc:
-            return None, str(exc)
-        schema_id = framed.schema_id
+        found = wire.read_frame(value, indexed=False)
+        if isinstance(found, str):
+            return None, found
+        schema_id, body = found
         writer = self._writer(schema_id)
         if writer is None:
             return None, (f"unknown schema id {schema_id}: the schema registry has no schema "
                           "with that id")
-        stream = io.BytesIO(framed.body)
+        stream = io.BytesIO(body)
         try:
             record: Any = fastavro.schemaless_reader(stream, writer, self._reader)
         except SchemaResolutionError as exc:
@@ -78,7 +74,7 @@ class AvroEventParser:
         except Exception as exc:  # whatever garbled bytes make the decoder raise
             return None, (f"not Avro of writer schema {schema_id}: {type(exc).__name__}: "
                           f"{str(exc)[:_SHOWN]}")
-        left = len(framed.body) - stream.tell()
+        left = len(body) - stream.tell()
         if left:
             return None, (f"not Avro of writer schema {schema_id}: {left} bytes left over "
                           "after the record")
@@ -87,13 +83,8 @@ class AvroEventParser:
                         for name, convert in self._converts)
         except _Unfit as exc:
             return None, str(exc)
-        for index, steps, path in self._non_negative:
-            v: Any = out[index]
-            for step in steps:
-                v = None if v is None else v[step]
-            if v is not None and v < 0:
-                return None, f"field {path} is negative"
-        return out, None
+        negative = first_negative(out, self._non_negative)
+        return (None, negative) if negative else (out, None)
 
     def _writer(self, schema_id: int) -> dict[str, Any] | None:
         if schema_id not in self._writers:

@@ -37,6 +37,19 @@ def split(value: bytes) -> Framed:
                   bytes(value[HEADER_BYTES:]))
 
 
+def read_frame(value: bytes | None, *, indexed: bool) -> tuple[int, bytes] | str:
+    """(writer schema id, encoded record) of a record's value, or why it is a dead letter;
+    ``indexed``: Protobuf's message indexes follow the id (read past)."""
+    if value is None:
+        return "empty value (tombstone)"
+    try:
+        framed = split(value)
+        body = message_indexes(framed.body)[1] if indexed else framed.body
+    except FrameError as exc:
+        return str(exc)
+    return framed.schema_id, body
+
+
 def message_indexes(body: bytes) -> tuple[tuple[int, ...], bytes]:
     """Protobuf: the message's indexes in its file's descriptor, and the message's bytes."""
     count, at = _zigzag_varint(body, 0)
