@@ -136,7 +136,7 @@ def _stopped_text(log_at_down: str | None) -> str:
 
 
 def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = None,
-       restore: Restore | None = None, queue_keeper: bool = True) -> StackStatus:
+       restore: Restore | None = None, queue_keeper: bool | None = None) -> StackStatus:
     """Start whatever of the stack is not running; never restart a running service.
 
     ``storage`` (or ``memory``: True for MEMORY, False for the default) picks where the log
@@ -144,7 +144,8 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
     storage is refused: it would have to stop, and a memory broker's log with it. ``restore``
     runs for an ARCHIVED log whose broker lost it (or whose last restore was cut short), before
     the archiver starts. ``queue_keeper``: run the process that hands out replay slots (False:
-    the catalog's queue is someone else's, as in the test suite's shared stacks)."""
+    the catalog's queue is someone else's, as in the test suite's stacks; None: as the stack's
+    last up() asked, so that bringing back a crashed service adds no keeper; True at first)."""
     state_dir = state_dir.resolve()
     dev = state_dir / "dev"
     dev.mkdir(parents=True, exist_ok=True)
@@ -213,6 +214,8 @@ def up(state_dir: Path, *, memory: bool | None = None, storage: str | None = Non
                 record.update(start_archiver(state_dir, record["pg_dsn"],
                                              record["kafka_bootstrap"]))
                 _write_record(state_dir, record)
+        if queue_keeper is None:
+            queue_keeper = bool(record.get(_KEEPER_WANTED, True))
         record[_KEEPER_WANTED] = queue_keeper
         if queue_keeper and live_process(record, "keeper") is None:
             # Last: it may launch drivers, which need the broker and a restored log.

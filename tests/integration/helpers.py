@@ -131,7 +131,10 @@ def own_stack(prefix: str, *, memory: bool = True) -> Iterator[OwnStack]:
 
     # mkdtemp, not tmp_path: the embedded server runs as another user (see conftest.stack).
     state = Path(tempfile.mkdtemp(prefix=prefix))
-    up = dev_stack.up(state, memory=memory)
+    # No queue keeper: these tests hand out slots themselves (schedule()), and a keeper
+    # looking meanwhile started their queued versions first, without their fail points.
+    up = dev_stack.up(state, memory=memory, queue_keeper=False)
+    assert up.queue_keeper is None
     settings = Settings(state_dir=state, pg_dsn=up.pg_dsn, kafka_bootstrap=up.kafka_bootstrap,
                         spark_driver_memory="768m", heartbeat_interval_s=1.0,
                         spare_dir=state / "spares")
