@@ -31,7 +31,7 @@ from reference import compute
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 JOBS = ("budget_a", "budget_b", "budget_c", "budget_d", "budget_e", "budget_f")
-LIMIT_S = 60.0  # live first acts at 30 s behind, and lets go under 15 s
+LIMIT_S = 40.0  # live first acts at 20 s behind, and lets go under 10 s
 
 
 class _Sampler(threading.Thread):
