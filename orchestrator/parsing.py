@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from orchestrator.formats.checks import decimal_fitter, first_negative, non_negative_paths
 from orchestrator.schema import (
     INTEGER_BITS,
     Array,
@@ -41,8 +42,6 @@ _TIMESTAMP = re.compile(
     re.ASCII,
 )
 _DATE = re.compile(r"\d{4}-\d\d-\d\d", re.ASCII)
-# Quantizing under this context fails, rather than rounds, a value that Spark could not hold.
-_EXACT = decimal.Context(prec=38, traps=[decimal.Inexact, decimal.InvalidOperation])
 
 
 class _Invalid(Exception):
@@ -123,21 +122,16 @@ def _date(v: str) -> date:
 
 
 def _decimal(t: Decimal) -> Convert:
-    quantum = decimal.Decimal(1).scaleb(-t.scale)
-    max_whole = t.precision - t.scale
+    fit = decimal_fitter(t)
 
     def convert(v: Any) -> decimal.Decimal:
         if type(v) is str and _DECIMAL_TEXT.fullmatch(v) is None:
             raise _Invalid(f" is not a {t.ddl()}: {_show(v)}")
-        try:
-            # Inexact if it has more fractional digits than the scale; trailing zeros are not.
-            d = decimal.Decimal(v).quantize(quantum, context=_EXACT)
-            if d.adjusted() < max_whole:
-                return d
-        except decimal.DecimalException:  # Inexact, or too many digits for any decimal(38, s)
-            pass
-        shown = v if type(v) is str else str(v)
-        raise _Invalid(f" does not fit {t.ddl()}: {shown[:40]}")
+        d: decimal.Decimal | None = fit(v)
+        if d is None:
+            shown = v if type(v) is str else str(v)
+            raise _Invalid(f" does not fit {t.ddl()}: {shown[:40]}")
+        return d
     return convert
 
 
@@ -258,11 +252,7 @@ class EventParser:
         self._checks = tuple(
             (name, *_compile(t, exact)) for name, t in schema.fields
         )
-        # (top-level index, keys into nested dicts, dotted path for the message)
-        self._non_negative = tuple(
-            (self.fields.index(path.split(".")[0]), tuple(path.split(".")[1:]), path)
-            for path in non_negative
-        )
+        self._non_negative = non_negative_paths(self.fields, non_negative)
 
     def parse(self, value: bytes | None) -> tuple[tuple[Any, ...] | None, str | None]:
         """Return (values in schema order, None) or (None, error)."""
@@ -285,10 +275,7 @@ class EventParser:
                 out.append(v if convert is None else convert(v))
         except _Invalid as exc:
             return None, exc.message(name)
-        for index, keys, path in self._non_negative:
-            v = out[index]
-            for key in keys:
-                v = v[key]
-            if v < 0:
-                return None, f"field {path} is negative"
+        negative = first_negative(out, self._non_negative)
+        if negative is not None:
+            return None, negative
         return tuple(out), None

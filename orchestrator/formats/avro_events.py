@@ -24,13 +24,12 @@ from fastavro.read import SchemaResolutionError
 
 from orchestrator.formats import wire
 from orchestrator.formats.avro_types import event_struct, parsed_schema
-from orchestrator.formats.checks import first_negative, non_negative_paths
+from orchestrator.formats.checks import decimal_fitter, first_negative, non_negative_paths
 from orchestrator.schema import Array, DataType, Decimal, Map, Struct, check_non_negative
 
 WriterSchemas = Callable[[int], Mapping[str, Any] | None]
 Convert = Callable[[Any], Any]
 
-_EXACT = decimal.Context(prec=38, traps=[decimal.Inexact, decimal.InvalidOperation])
 _SHOWN = 120  # characters of a decoder's message kept in a dead letter's reason
 
 
@@ -124,19 +123,15 @@ def _nullable(convert: Convert) -> Convert:
 
 
 def _decimal(t: Decimal, path: str) -> Convert:
-    quantum = decimal.Decimal(1).scaleb(-t.scale)
-    max_whole = t.precision - t.scale
+    fit = decimal_fitter(t)
 
     def convert(v: decimal.Decimal | None) -> decimal.Decimal | None:
         if v is None:
             return None
-        try:
-            d = v.quantize(quantum, context=_EXACT)
-            if d.adjusted() < max_whole:
-                return d
-        except decimal.DecimalException:
-            pass
-        raise _Unfit(f"field {path} does not fit {t.ddl()}: {str(v)[:40]}")
+        d: decimal.Decimal | None = fit(v)
+        if d is None:
+            raise _Unfit(f"field {path} does not fit {t.ddl()}: {str(v)[:40]}")
+        return d
     return convert
 
 

@@ -17,6 +17,7 @@ import fastavro
 
 from orchestrator import schema as spark
 from orchestrator.errors import JobFileError
+from orchestrator.formats.checks import no_spark_type
 from orchestrator.schema import DataType, Struct
 
 _PRIMITIVES = {"boolean": "boolean", "int": "int", "long": "bigint", "float": "float",
@@ -56,8 +57,7 @@ class _Mapper:
         self.named, self.where = named, where
 
     def refuse(self, path: str, what: str) -> JobFileError:
-        return JobFileError(f"{self.where}: field {path or '(the record)'} is {what}, which has "
-                            f"no Spark type here: {_WHAT_TO_DO}")
+        return no_spark_type(self.where, path, "record", what, _WHAT_TO_DO)
 
     def record(self, schema: Mapping[str, Any], path: str, within: tuple[str, ...]) -> Struct:
         name = _full_name(schema)

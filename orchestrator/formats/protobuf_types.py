@@ -20,6 +20,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from orchestrator import schema as spark
 from orchestrator.errors import JobFileError
+from orchestrator.formats.checks import no_spark_type
 from orchestrator.schema import DataType, Struct
 
 _F = FieldDescriptor
@@ -103,5 +104,4 @@ def _single(field: FieldDescriptor, path: str, within: tuple[str, ...], where: s
 
 
 def _refuse(where: str, path: str, what: Any) -> JobFileError:
-    return JobFileError(f"{where}: field {path or '(the message)'} is {what}, which has no "
-                        f"Spark type here: {_WHAT_TO_DO}")
+    return no_spark_type(where, path, "message", what, _WHAT_TO_DO)
