@@ -10,27 +10,28 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import JobFileError
+from orchestrator.event_formats import format_from_json, format_to_json
+from orchestrator.job_inputs import JobFiles, topic_inputs
 from orchestrator.models import (
     DELETE_COLUMN,
     MERGE_RULES,
     MODES,
     OUTPUT_MODES,
     OUTPUT_TYPES,
-    RESERVED_FIELDS,
-    TOMBSTONE_RULES,
     JobSpec,
     TopicInput,
 )
-from orchestrator.naming import NAME_PATTERN, topic_name_problem, validate_name
-from orchestrator.schema import Struct, check_non_negative, from_flat, parse_ddl
+from orchestrator.naming import NAME_PATTERN, validate_name
+from orchestrator.schema import from_flat
 
 REQUIRED = ("NAME", "VERSION", "TOPICS", "KEY_COLUMNS", "OUTPUT_SCHEMA")
-OPTIONAL = ("EVENT_SCHEMA", "EVENT_SCHEMAS", "NON_NEGATIVE", "MERGE", "GUARDRAILS", "MODE",
-            "OUTPUT_MODE", "TOMBSTONES")
+OPTIONAL = ("EVENT_SCHEMA", "EVENT_SCHEMAS", "EVENT_FORMAT", "NON_NEGATIVE", "MERGE",
+            "GUARDRAILS", "MODE", "OUTPUT_MODE", "TOMBSTONES")
 TRANSFORM = "transform"
 ENTRY_FILE = "job.py"  # the declarations of a directory job
 # A directory job is code, not data: these bound an accidental deploy of a data folder.
@@ -69,7 +70,8 @@ def load_job_file(path: str | Path) -> JobSpec:
                            "or directory") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise JobFileError(f"cannot read job file {path}: {exc}") from exc
-    spec = parse_job_source(source, str(path), files=((path.name, data),), entry=path.name)
+    spec = parse_job_source(source, str(path), files=((path.name, data),), entry=path.name,
+                            beside=path.parent)
     _refuse_relative_imports(spec.source, path)
     return spec
 
@@ -117,7 +119,9 @@ def _load_directory(root: Path) -> JobSpec:
 
 
 def parse_job_source(source: str, path: str, *, files: tuple[tuple[str, bytes], ...] = (),
-                     entry: str = "") -> JobSpec:
+                     entry: str = "", beside: Path | None = None) -> JobSpec:
+    """The job's declarations; ``beside``: the directory of a job file deployed alone, where
+    the files that its declarations name (an .avsc, a .desc) are read."""
     entry = entry or Path(path).name
     files = files or ((entry, source.encode()),)
     where = path if len(files) == 1 else f"{path}/{entry}"
@@ -165,17 +169,20 @@ def parse_job_source(source: str, path: str, *, files: tuple[tuple[str, bytes], 
         raise JobFileError(
             f"{where}: missing declaration(s) {', '.join(missing)}: see jobs/pageview_counts/v1.py"
         )
+    job_files = JobFiles(files, beside)
+    spec = _build_spec(literals, source, where, path, job_files, entry)
+    files = (*files, *job_files.read_beside)
     fp = fingerprint(source) if len(files) == 1 else files_fingerprint(files)
-    return _build_spec(literals, source, where, path, files, entry, fp)
+    return replace(spec, files=files, fingerprint=fp)
 
 
-def _build_spec(lit: dict[str, Any], source: str, where: str, path: str,
-                files: tuple[tuple[str, bytes], ...], entry: str, fp: str) -> JobSpec:
+def _build_spec(lit: dict[str, Any], source: str, where: str, path: str, files: JobFiles,
+                entry: str) -> JobSpec:
     name = validate_name(_str(lit, "NAME", where), "job name")
     version = validate_name(_str(lit, "VERSION", where), "version")
     mode = _choice(lit, "MODE", MODES, "batch", where)
     output_mode = _choice(lit, "OUTPUT_MODE", OUTPUT_MODES, "upsert", where)
-    inputs, per_topic = _inputs(lit, where)
+    inputs, per_topic = topic_inputs(lit, _str_list(lit, "TOPICS", where), where, files)
 
     output_schema = _output_schema(lit, where)
     columns = [c for c, _ in output_schema]
@@ -204,92 +211,10 @@ def _build_spec(lit: dict[str, Any], source: str, where: str, path: str,
     merge = tuple((c, str(merge_raw.get(c, "replace"))) for c in values)
     return JobSpec(
         name=name, version=version, inputs=inputs, key_columns=keys, output_schema=output_schema,
-        merge=merge, source=source, fingerprint=fp, path=path,
+        merge=merge, source=source, fingerprint="", path=path,
         guardrails=_guardrails(lit, where), mode=mode, output_mode=output_mode,
-        per_topic=per_topic, files=files, entry=entry,
+        per_topic=per_topic, entry=entry,
     )
-
-
-def _inputs(lit: dict[str, Any], where: str) -> tuple[tuple[TopicInput, ...], bool]:
-    topics = _str_list(lit, "TOPICS", where)
-    for topic in topics:
-        problem = topic_name_problem(topic)
-        if problem is not None:
-            raise JobFileError(f"{where}: {problem}: fix TOPICS")
-    if not topics:
-        raise JobFileError(f"{where}: TOPICS must name at least one topic")
-    if len(set(topics)) != len(topics):
-        raise JobFileError(f"{where}: TOPICS names a topic twice")
-    if "EVENT_SCHEMA" in lit and "EVENT_SCHEMAS" in lit:
-        raise JobFileError(f"{where}: declare EVENT_SCHEMA (one schema for every topic) or "
-                           "EVENT_SCHEMAS (one per topic), not both")
-    per_topic = "EVENT_SCHEMAS" in lit
-    if per_topic:
-        raw = lit["EVENT_SCHEMAS"]
-        if not isinstance(raw, dict) or not raw:
-            raise JobFileError(f"{where}: EVENT_SCHEMAS maps each topic of TOPICS to its schema")
-        for topic in raw:
-            if topic not in topics:
-                raise JobFileError(f"{where}: EVENT_SCHEMAS names topic {topic!r} that is not in "
-                                   "TOPICS: add it to TOPICS or remove its schema")
-        lacking = [t for t in topics if t not in raw]
-        if lacking:
-            raise JobFileError(f"{where}: EVENT_SCHEMAS has no schema for topic(s) {lacking}")
-        schemas = {t: _schema(raw[t], f"EVENT_SCHEMAS[{t!r}]", where) for t in topics}
-    else:
-        shared = _schema(lit["EVENT_SCHEMA"], "EVENT_SCHEMA", where)
-        schemas = dict.fromkeys(topics, shared)
-    non_negative = _per_topic(lit, "NON_NEGATIVE", topics, [], where)
-    tombstones = _per_topic(lit, "TOMBSTONES", topics, "dead_letter", where)
-    inputs = []
-    for topic in topics:
-        paths = non_negative[topic]
-        if not isinstance(paths, list | tuple) or not all(isinstance(p, str) for p in paths):
-            raise JobFileError(f"{where}: NON_NEGATIVE must be a list of field paths")
-        rule = tombstones[topic]
-        if rule not in TOMBSTONE_RULES:
-            raise JobFileError(f"{where}: TOMBSTONES must be one of "
-                               f"{', '.join(map(repr, TOMBSTONE_RULES))}, not {rule!r}")
-        try:
-            check_non_negative(schemas[topic], paths)
-        except JobFileError as exc:
-            raise JobFileError(f"{where}: NON_NEGATIVE: {exc}") from exc
-        inputs.append(TopicInput(topic, schemas[topic].ddl(), tuple(paths), str(rule)))
-    return tuple(inputs), per_topic
-
-
-def _schema(raw: Any, what: str, where: str) -> Struct:
-    try:
-        if isinstance(raw, str):
-            schema = parse_ddl(raw)
-        elif isinstance(raw, dict) and raw:
-            schema = from_flat(raw)
-        else:
-            raise JobFileError(f"{what} must be a Spark DDL string such as \"user_id bigint, url "
-                               "string\" or a non-empty dict of field -> type")
-    except JobFileError as exc:
-        message = str(exc)
-        raise JobFileError(message if message.startswith(where) else f"{where}: {message}") \
-            from exc
-    clashes = [f for f, _ in schema.fields if f.lower() in RESERVED_FIELDS]
-    if clashes:
-        raise JobFileError(f"{where}: {what} declares {', '.join(map(repr, clashes))}, reserved "
-                           "for the Kafka metadata and decoded segments' dead-letter columns "
-                           f"({', '.join(RESERVED_FIELDS)}): rename the field(s)")
-    return schema
-
-
-def _per_topic(lit: dict[str, Any], key: str, topics: list[str], default: Any, where: str
-               ) -> dict[str, Any]:
-    """A declaration that applies to every topic, or a dict of it per topic."""
-    raw = lit.get(key, default)
-    if not isinstance(raw, dict):
-        return dict.fromkeys(topics, raw)
-    for topic in raw:
-        if topic not in topics:
-            raise JobFileError(f"{where}: {key} names topic {topic!r} that is not in TOPICS: add "
-                               "it to TOPICS or remove it")
-    return {t: raw.get(t, default) for t in topics}
 
 
 def _output_schema(lit: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
@@ -354,7 +279,8 @@ def spec_to_json(spec: JobSpec) -> dict[str, Any]:
     return {
         "name": spec.name, "version": spec.version,
         "inputs": [{"topic": i.topic, "schema": i.schema, "non_negative": list(i.non_negative),
-                    "tombstones": i.tombstones} for i in spec.inputs],
+                    "tombstones": i.tombstones, "format": format_to_json(i.format)}
+                   for i in spec.inputs],
         "key_columns": list(spec.key_columns),
         "output_schema": [list(p) for p in spec.output_schema],
         "merge": [list(p) for p in spec.merge],
@@ -368,7 +294,8 @@ def spec_from_catalog(doc: dict[str, Any], source: str, fp: str, path: str,
                       files: tuple[tuple[str, bytes], ...] = ()) -> JobSpec:
     if "inputs" in doc:
         inputs = tuple(TopicInput(i["topic"], i["schema"], tuple(i["non_negative"]),
-                                  i["tombstones"]) for i in doc["inputs"])
+                                  i["tombstones"], format_from_json(i.get("format")))
+                       for i in doc["inputs"])
     else:  # deployed before nested schemas: one flat schema for every topic
         ddl = from_flat(dict(doc["event_schema"])).ddl()
         inputs = tuple(TopicInput(t, ddl, tuple(doc["non_negative"]), "dead_letter")

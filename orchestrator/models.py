@@ -19,6 +19,7 @@ MERGE_RULES = ("sum", "min", "max", "replace")
 MODES = ("batch", "stream")  # per-batch transform and merge | a Structured Streaming query
 OUTPUT_MODES = ("upsert", "append")
 TOMBSTONE_RULES = ("dead_letter", "pass")
+EVENT_FORMATS = ("json", "avro", "protobuf")
 # Columns every events DataFrame carries beside the declared fields.
 KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
                  "kafka_key", "kafka_headers")
@@ -33,13 +34,29 @@ DELETE_COLUMN = "_delete"  # an upsert output row whose _delete is true deletes 
 
 
 @dataclass(frozen=True)
+class EventFormat:
+    """How a topic's record values are encoded (orchestrator.event_formats)."""
+
+    kind: str = "json"  # in EVENT_FORMATS
+    # avro: the reader schema, canonical JSON ("" until a registry subject is pinned);
+    # protobuf: the descriptor set, base64
+    reader: str = ""
+    message: str = ""  # protobuf: the message's full name
+    # where the reader came from: a file of the job, "inline", or "subject@version"
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class TopicInput:
     """One topic a job reads, with the schema its events are validated against."""
 
     topic: str
-    schema: str  # canonical Spark DDL of the event fields (orchestrator.schema)
+    # canonical Spark DDL of the event fields (orchestrator.schema); "" until the format's
+    # registry schema is pinned at deploy
+    schema: str
     non_negative: tuple[str, ...]  # dotted field paths
     tombstones: str  # in TOMBSTONE_RULES: a null value is a dead letter, or a row with null fields
+    format: EventFormat = EventFormat()
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,12 @@ class JobSpec:
     @property
     def topics(self) -> tuple[str, ...]:
         return tuple(i.topic for i in self.inputs)
+
+    @property
+    def unpinned(self) -> tuple[str, ...]:
+        """The topics whose reader schema is a registry subject not fetched yet."""
+        return tuple(i.topic for i in self.inputs if i.format.kind == "avro"
+                     and not i.format.reader)
 
     @property
     def output_columns(self) -> tuple[str, ...]:

@@ -24,8 +24,20 @@ from orchestrator.kafka.endpoint import (
     check_extra_properties,
     check_secret_properties,
 )
+from orchestrator.kafka.registry_endpoint import (
+    TOKEN_VARIABLE,
+    USER_INFO_VARIABLE,
+    RegistryEndpoint,
+    registry_endpoint,
+)
 
 STACK_FILE = "dev/stack.json"
+# The settings that hold secrets: never stored, shown or logged (Airflow masks them).
+SECRET_SETTINGS = ("pg_dsn", "kafka_sasl_password", "kafka_secret_properties",
+                   "schema_registry_user_info", "schema_registry_token")
+# Secrets read only from these variables (or a file that a setting names), never kappa.toml.
+_SECRETS_FROM_ENV = {"schema_registry_user_info": USER_INFO_VARIABLE,
+                     "schema_registry_token": TOKEN_VARIABLE}
 # The catalog's DSN in the environment: the drivers' setting, and what executors write with.
 DSN_VARIABLE = "KAPPA_PG_DSN"
 
@@ -50,6 +62,14 @@ class Settings:
     # librdkafka properties that carry secrets (ssl.key.pem, ssl.key.password, ...): only from
     # the environment (KAPPA_KAFKA_SECRET_PROPERTIES, a JSON object), like the SASL password.
     kafka_secret_properties: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # The schema registry of Avro and Protobuf events (Confluent's REST API, which Karapace,
+    # Redpanda and Apicurio also serve); its TLS trusts kafka_ssl_ca_location.
+    schema_registry_url: str | None = None
+    schema_registry_user_info_file: str | None = None  # a file holding its "user:password"
+    schema_registry_token_file: str | None = None  # a file holding its bearer token
+    # Its credentials: only from the environment or the files above, like the SASL password.
+    schema_registry_user_info: str | None = field(default=None, repr=False)
+    schema_registry_token: str | None = field(default=None, repr=False)
     spark_master: str = "local[*]"  # where drivers run Spark: local[N] or spark://HOST:PORT
     # Where versions' checkpoints live: a path, or any URI Spark accepts (hdfs://, s3a://), so
     # that a driver can move hosts. Default: <state_dir>/checkpoints.
@@ -172,6 +192,17 @@ class Settings:
             extra=self.kafka_properties, secrets=self.kafka_secret_properties,
         )
 
+    @property
+    def schema_registry(self) -> RegistryEndpoint | None:
+        """The schema registry, None if none is configured (ConfigError if it cannot be)."""
+        if not self.schema_registry_url:
+            return None
+        return registry_endpoint(
+            self.schema_registry_url, user_info=self.schema_registry_user_info,
+            user_info_file=self.schema_registry_user_info_file,
+            token=self.schema_registry_token, token_file=self.schema_registry_token_file,
+            ca_location=self.kafka_ssl_ca_location)
+
     def _sasl_password(self) -> str | None:
         if self.kafka_sasl_password:
             return self.kafka_sasl_password
@@ -287,6 +318,11 @@ def load_settings(
             raise ConfigError(f"{toml_path}: never write the SASL password in kappa.toml: put it "
                               f"in {PASSWORD_VARIABLE} or in a file named by "
                               "kafka_sasl_password_file")
+        written = sorted(set(section) & set(_SECRETS_FROM_ENV))
+        if written:
+            raise ConfigError(f"{toml_path}: never write {written[0]} in kappa.toml: put it in "
+                              f"{_SECRETS_FROM_ENV[written[0]]} or in a file named by "
+                              f"{written[0]}_file")
         unknown = sorted(set(section) - set(names))
         if unknown:
             raise ConfigError(f"{toml_path}: unknown setting(s) {', '.join(unknown)}: "
@@ -298,6 +334,8 @@ def load_settings(
             return env.get(PASSWORD_VARIABLE) or None
         if name == "kafka_secret_properties":  # secrets too
             return env.get(SECRETS_VARIABLE) or None
+        if name in _SECRETS_FROM_ENV:
+            return env.get(_SECRETS_FROM_ENV[name]) or None
         if name in flags:
             return flags[name]
         env_name = f"KAPPA_{name.upper()}"
@@ -327,6 +365,7 @@ def load_settings(
     settings.live_lag_limit_s  # noqa: B018 - likewise a live lag limit
     if settings.kafka_bootstrap:
         settings.kafka  # noqa: B018 - refuse security settings that do not fit, at load
+    settings.schema_registry  # noqa: B018 - likewise the registry's
     return settings
 
 

@@ -106,9 +106,10 @@ def kafka_security(conn: Any) -> dict[str, Any]:
 
 def public_settings(settings: Settings) -> dict[str, str]:
     """Every setting except the secrets, as strings: safe to store with a trigger or in XCom."""
+    from orchestrator.settings import SECRET_SETTINGS
+
     return {f.name: str(getattr(settings, f.name)) for f in fields(settings)
-            if f.name not in ("pg_dsn", "kafka_sasl_password", "kafka_properties",
-                              "kafka_secret_properties")
+            if f.name not in (*SECRET_SETTINGS, "kafka_properties")
             and getattr(settings, f.name) is not None}
 
 
@@ -158,10 +159,13 @@ class KappaHook(BaseHook):
             self.log.warning("Airflow connection %s is not defined: using the Kafka bootstrap "
                              "from the kappa configuration", self.kafka_conn_id)
         settings = replace(base, **changes)
-        if settings.pg_dsn:
-            mask_secret(settings.pg_dsn)
-        if settings.kafka_sasl_password:
-            mask_secret(settings.kafka_sasl_password)
+        from orchestrator.settings import SECRET_SETTINGS
+
+        for name in SECRET_SETTINGS:
+            secret = getattr(settings, name)
+            for value in dict(secret).values() if isinstance(secret, tuple) else [secret]:
+                if value:
+                    mask_secret(value)
         missing = [f"{conn_id} ({kind})" for conn_id, kind, value in (
             (self.postgres_conn_id, "PostgreSQL", settings.pg_dsn),
             (self.kafka_conn_id, "Kafka", settings.kafka_bootstrap)) if not value]

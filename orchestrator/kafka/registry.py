@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from orchestrator.errors import RegistryAuthError, RegistryUnavailableError
+from orchestrator.errors import JobFileError, RegistryAuthError, RegistryUnavailableError
+from orchestrator.kafka.registry_endpoint import RegistryEndpoint
 
 _NOT_FOUND = 404
 _REFUSED = (401, 403)
@@ -36,6 +37,25 @@ class SchemaRegistry:
         if ca_location is not None:
             conf["ssl.ca.location"] = ca_location
         self._client = SchemaRegistryClient(conf)
+
+    @classmethod
+    def at(cls, endpoint: RegistryEndpoint) -> SchemaRegistry:
+        return cls(endpoint.url, user_info=endpoint.user_info, token=endpoint.token,
+                   ca_location=endpoint.ca_location)
+
+    def subject_schema(self, subject: str, version: int | str) -> tuple[str, int]:
+        """The Avro schema text registered under ``subject`` at ``version`` (a number or
+        "latest"), and that version's number: what a deploy pins."""
+        what = f"subject {subject} version {version}"
+        registered = self._call(lambda v: self._client.get_version(subject, v), version, what)
+        if registered is None:
+            raise JobFileError(f"the schema registry at {self.url} has no {what}: register it, "
+                               "or name a registered one in EVENT_SCHEMA")
+        schema = registered.schema
+        if (schema.schema_type or "AVRO") != "AVRO":
+            raise JobFileError(f"the schema registry's {what} is a {schema.schema_type} schema, "
+                               "not Avro: name an Avro subject, or declare the job's format")
+        return str(schema.schema_str), int(registered.version)
 
     def avro_schema(self, schema_id: int) -> dict[str, Any] | None:
         """The Avro schema of ``schema_id`` as parsed JSON; None if the registry has no such

@@ -13,6 +13,7 @@ from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.desks.switches import SwitchDesk
 from orchestrator.determinism import replay_hazards
+from orchestrator.errors import JobFileError
 from orchestrator.jobspec import load_job_file
 from orchestrator.lag import replay_start
 from orchestrator.log_identity import LogIdentity
@@ -31,11 +32,23 @@ def deploy(catalog: CatalogAccess, switches: SwitchDesk, job_file: str | Path,
                   parse_priority(priority)).run()
 
 
+def refuse_formats_not_replayed_yet(spec: JobSpec) -> None:
+    """Avro and Protobuf jobs are read and checked (``kappa validate``), but no replay reads
+    those formats yet (#62): refused before anything is registered, not at the first batch."""
+    other = sorted({(i.format.kind, i.topic) for i in spec.inputs if i.format.kind != "json"})
+    if other:
+        kind, topic = other[0]
+        raise JobFileError(f"{spec.path}: EVENT_FORMAT {kind!r} (topic {topic}) is read and "
+                           "checked, but replays cannot decode it yet: deploy jobs whose events "
+                           "are JSON for now (docs/formats.md)")
+
+
 class Deploy:
     def __init__(self, catalog: CatalogAccess, switches: SwitchDesk, spec: JobSpec,
                  allow_gap: bool, priority: int):
         self.catalog, self.switches, self.spec, self.allow_gap = catalog, switches, spec, allow_gap
         self.priority = priority
+        refuse_formats_not_replayed_yet(spec)
         self.schema = catalog.settings.catalog_schema
         self.hazards = tuple(replay_hazards(spec))
         _, self.bootstrap = catalog.settings.require_services()

@@ -161,11 +161,17 @@ def test_a_kafka_connection_becomes_bootstrap_servers() -> None:
         kafka_bootstrap(_conn())
 
 
-def test_public_settings_leave_out_the_dsn() -> None:
-    settings = Settings(pg_dsn="postgresql://u:secret@h/db", kafka_bootstrap="b:1")
+def test_public_settings_leave_out_every_secret() -> None:
+    settings = Settings(pg_dsn="postgresql://u:secret@h/db", kafka_bootstrap="b:1",
+                        kafka_sasl_password="secret-sasl",
+                        kafka_secret_properties=(("ssl.key.password", "secret-key"),),
+                        schema_registry_url="https://r:8081",
+                        schema_registry_user_info="u:secret-registry",
+                        schema_registry_token="secret-token")
     public = public_settings(settings)
-    assert "pg_dsn" not in public and "secret" not in json.dumps(public)
+    assert "pg_dsn" not in public and "secret" not in json.dumps(public), public
     assert public["kafka_bootstrap"] == "b:1"
+    assert public["schema_registry_url"] == "https://r:8081"
 
 
 def test_missing_connections_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -87,3 +87,27 @@ def test_a_registry_away_is_an_outage_that_passes(standin: RegistryStandIn) -> N
 def test_user_info_is_never_shown() -> None:
     assert shown_url("https://u:p@registry.example:8081/x") == "https://registry.example:8081/x"
     assert shown_url("http://registry:8081") == "http://registry:8081"
+
+
+def test_a_subjects_version_is_fetched_for_a_deploy_to_pin(standin: RegistryStandIn) -> None:
+    from orchestrator.errors import JobFileError
+    from orchestrator.kafka.registry_endpoint import RegistryEndpoint
+
+    standin.register("pageviews-value", json.dumps(V1), "AVRO")
+    standin.register("pageviews-value", json.dumps(V2), "AVRO")
+    registry = SchemaRegistry.at(RegistryEndpoint(standin.url, user_info="reader:s3cret-pw"))
+    (text, number) = registry.subject_schema("pageviews-value", "latest")
+    assert (json.loads(text), number) == (V2, 2)
+    (text, number) = registry.subject_schema("pageviews-value", 1)
+    assert (json.loads(text), number) == (V1, 1)
+    with pytest.raises(JobFileError, match="has no subject pageviews-value version 3: register"):
+        registry.subject_schema("pageviews-value", 3)
+    with pytest.raises(JobFileError, match="has no subject nothing version latest"):
+        registry.subject_schema("nothing", "latest")
+    standin.register("pageviews-proto", 'syntax = "proto3"; message M { int64 a = 1; }',
+                     "PROTOBUF")
+    with pytest.raises(JobFileError, match="is a PROTOBUF schema, not Avro"):
+        registry.subject_schema("pageviews-proto", 1)
+    refused = SchemaRegistry.at(RegistryEndpoint(standin.url, user_info="reader:wrong"))
+    with pytest.raises(RegistryAuthError, match="refused the credentials for subject"):
+        refused.subject_schema("pageviews-value", 1)

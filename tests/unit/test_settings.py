@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,41 @@ def test_a_switch_reads_true_or_false_and_round_trips(tmp_path: Path) -> None:
         load_settings(env={"KAPPA_PRUNE_COLUMNS": "maybe"}, cwd=tmp_path)
     s = Settings(state_dir=tmp_path, prune_columns=False)
     assert load_settings(env=s.driver_environment(), cwd=Path("/")) == s
+
+
+def test_the_schema_registrys_credentials_come_only_from_the_environment_or_a_file(
+        tmp_path: Path) -> None:
+    url = {"KAPPA_SCHEMA_REGISTRY_URL": "https://registry.example:8081/"}
+    env = {**url, "KAPPA_SCHEMA_REGISTRY_USER_INFO": "reader:pw-from-env",
+           "KAPPA_KAFKA_SSL_CA_LOCATION": "/etc/ca.pem"}
+    s = load_settings(env=env, cwd=tmp_path)
+    registry = s.schema_registry
+    assert registry is not None
+    assert (registry.url, registry.user_info, registry.ca_location) == (
+        "https://registry.example:8081", "reader:pw-from-env", "/etc/ca.pem")
+    assert "pw-from-env" not in repr(s) and "pw-from-env" not in repr(registry)
+    assert load_settings(env=s.driver_environment(), cwd=Path("/")) == s  # a driver's
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    s = load_settings(env={**url, "KAPPA_SCHEMA_REGISTRY_TOKEN_FILE": str(token)}, cwd=tmp_path)
+    assert s.schema_registry is not None and s.schema_registry.token == "t0ken"
+    assert load_settings(env={}, cwd=tmp_path).schema_registry is None
+    refused = [
+        ({**url, "KAPPA_SCHEMA_REGISTRY_USER_INFO": "a:b", "KAPPA_SCHEMA_REGISTRY_TOKEN": "t"},
+         "both basic auth"),
+        ({**url, "KAPPA_SCHEMA_REGISTRY_USER_INFO": "no-colon-secret"}, "must read user:password"),
+        ({"KAPPA_SCHEMA_REGISTRY_URL": "https://u:url-secret@r:8081"}, "holds credentials"),
+        ({"KAPPA_SCHEMA_REGISTRY_URL": "registry:8081"}, "is not an http(s) URL"),
+        ({**url, "KAPPA_SCHEMA_REGISTRY_USER_INFO_FILE": str(tmp_path / "none")},
+         "cannot be read"),
+    ]
+    for refused_env, says in refused:
+        with pytest.raises(ConfigError) as raised:
+            load_settings(env=refused_env, cwd=tmp_path)
+        assert says in str(raised.value) and "secret" not in str(raised.value), raised.value
+    (tmp_path / "kappa.toml").write_text('[kappa]\nschema_registry_user_info = "a:toml-pw"\n')
+    with pytest.raises(ConfigError, match=re.escape(
+            "never write schema_registry_user_info in kappa.toml: put it in "
+            "KAPPA_SCHEMA_REGISTRY_USER_INFO or in a file named by "
+            "schema_registry_user_info_file")):
+        load_settings(env={}, cwd=tmp_path)
