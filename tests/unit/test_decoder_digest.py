@@ -68,3 +68,29 @@ def test_a_sample_of_decoded_segments_spreads_from_the_first_to_the_last() -> No
     assert spread(items, 1) == [0]  # type: ignore[arg-type]
     assert spread(items, 2) == [0, 9]  # type: ignore[arg-type]
     assert spread(items, 4) == [0, 3, 6, 9]  # type: ignore[arg-type]
+
+
+def _imported_modules(module: str) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / module).read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("orchestrator"):
+            base = ROOT / node.module.replace(".", "/")  # type: ignore[union-attr]
+            names = [base / f"{alias.name}.py" for alias in node.names] + [base.with_suffix(".py")]
+            found |= {str(p.relative_to(ROOT)) for p in names if p.is_file()}
+    return found
+
+
+def test_every_module_the_parser_reads_with_is_in_the_digest() -> None:
+    """What decides a record's row or dead letter: the JSON parser and every module of ours it
+    imports, the errors aside (their words are not a row). formats/checks.py, which the JSON
+    parser's decimals and NON_NEGATIVE came to share, was once left out."""
+    seen, todo = set(), ["orchestrator/parsing.py"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(_imported_modules(module))
+    missing = seen - {"orchestrator/errors.py"} - set(PARSER_MODULES)
+    assert not missing, missing
