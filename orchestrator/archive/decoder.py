@@ -10,6 +10,7 @@ letters a read of the raw segment gives (the differential test holds the two to 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,14 +20,16 @@ import pyarrow.compute as pc
 from orchestrator.archive_model.decoding import Decoding
 from orchestrator.models import DEAD, DEAD_KEY, DEAD_REASON, DEAD_VALUE
 from orchestrator.parsing import EventParser
+from orchestrator.record_parsers import RecordParser, WriterSchemas, record_parser
 from orchestrator.schema import parse_ddl
 from orchestrator.spark.read.arrow import arrow_fields
 from orchestrator.spark.read.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
 from orchestrator.spark.read.columnar import ColumnarParser, DeadRecord
 
 __all__ = ["decode", "decoded_schema", "parsed_chunks", "read_columns", "rows_schema",
-           "split_decoded"]
+           "split_decoded", "writer_ids"]
 
+WRITER_IDS_KEY = b"kappa.writer_schema_ids"
 _DEAD_COLUMNS = (pa.field(DEAD_REASON, pa.string()), pa.field(DEAD_KEY, pa.binary()),
                  pa.field(DEAD_VALUE, pa.binary()))
 
@@ -44,17 +47,26 @@ def decoded_schema(decoding: Decoding) -> pa.Schema:
 
 
 def parsed_chunks(table: pa.Table, decoding: Decoding, topic: str, partition: int,
-                  wanted: frozenset[str] | None = None
+                  wanted: frozenset[str] | None = None, registry: WriterSchemas | None = None,
+                  writer_ids: set[int] | None = None
                   ) -> Iterator[tuple[pa.RecordBatch, list[DeadRecord]]]:
     """The rows (``rows_schema``, the columns not ``wanted`` null) and dead letters of archived
-    records (parquet_store.SCHEMA), a chunk at a time, in offset order."""
+    records (parquet_store.SCHEMA), a chunk at a time, in offset order. Avro and Protobuf
+    values are read with the schema registry's writer schemas (``registry``), and the ids met
+    are added to ``writer_ids``; only JSON has the columnar fast paths."""
     from orchestrator.archive.parquet_store import as_records
     from orchestrator.spark.read.arrow_events import ArrowEventParser
 
     schema = parse_ddl(decoding.schema)
-    parser = EventParser(schema, decoding.non_negative)
     pass_tombstones = decoding.tombstones == "pass"
-    columnar = ColumnarParser.for_schema(schema, parser, decoding.non_negative, pass_tombstones)
+    parser: RecordParser
+    if decoding.format.kind == "json":
+        parser = json_parser = EventParser(schema, decoding.non_negative)
+        columnar = ColumnarParser.for_schema(schema, json_parser, decoding.non_negative,
+                                             pass_tombstones)
+    else:
+        parser = record_parser(schema, decoding.non_negative, decoding.format, registry)
+        columnar = None
     batches = rows_schema(decoding)
     arrow = None if columnar is None else ArrowEventParser(columnar, batches, topic, partition,
                                                            wanted)
@@ -69,14 +81,20 @@ def parsed_chunks(table: pa.Table, decoding: Decoding, topic: str, partition: in
         for offset, timestamp_ms, key, value, headers in as_records(chunk):
             values, error = parser.parse(value)
             builder.add(offset, timestamp_ms, key, value, headers, values, error)
+        if writer_ids is not None:
+            writer_ids |= getattr(parser, "writer_ids", set())
         yield builder.flush(), [d[3:] for d in builder.dead]  # without (version, topic, part.)
 
 
-def decode(raw: pa.Table, decoding: Decoding, topic: str, partition: int) -> pa.Table:
-    """A raw segment's records as a decoded segment: one row per record, in offset order."""
+def decode(raw: pa.Table, decoding: Decoding, topic: str, partition: int,
+           registry: WriterSchemas | None = None) -> pa.Table:
+    """A raw segment's records as a decoded segment: one row per record, in offset order; an
+    Avro or Protobuf one records the writer schema ids it met (``writer_ids``)."""
     schema = decoded_schema(decoding)
     parts: list[pa.Table] = []
-    for batch, dead in parsed_chunks(raw, decoding, topic, partition):
+    met: set[int] = set()
+    for batch, dead in parsed_chunks(raw, decoding, topic, partition, registry=registry,
+                                     writer_ids=met):
         rows = pa.Table.from_batches([batch]).drop_columns(["kafka_topic"])
         n = rows.num_rows
         rows = rows.append_column(schema.field(DEAD), pa.array(np.zeros(n, bool)))
@@ -85,9 +103,19 @@ def decode(raw: pa.Table, decoding: Decoding, topic: str, partition: int) -> pa.
         parts.append(rows)
         if dead:
             parts.append(_dead_table(dead, partition, schema))
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts).sort_by("kafka_offset").combine_chunks()
+    decoded = pa.concat_tables(parts).sort_by("kafka_offset").combine_chunks() if parts \
+        else schema.empty_table()
+    if decoding.format.kind == "json":
+        return decoded
+    return decoded.replace_schema_metadata(
+        {WRITER_IDS_KEY: json.dumps(sorted(met), separators=(",", ":"))})
+
+
+def writer_ids(decoded: pa.Table | pa.Schema) -> list[int] | None:
+    """The writer schema ids a decoded segment met; None for JSON (no registry)."""
+    found = (decoded.schema if isinstance(decoded, pa.Table) else decoded).metadata or {}
+    ids = found.get(WRITER_IDS_KEY)
+    return None if ids is None else [int(i) for i in json.loads(ids)]
 
 
 def _dead_table(dead: list[DeadRecord], partition: int, schema: pa.Schema) -> pa.Table:

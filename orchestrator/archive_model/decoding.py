@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.archive_model.segments import ArchiveError, Lineage, segment_name
-from orchestrator.models import TopicInput
+from orchestrator.event_formats import format_from_json, format_to_json
+from orchestrator.models import EventFormat, TopicInput
 
 # The modules whose code decides, for one raw record, its row or its dead letter (a parser's
 # rule, an error's words, a column's type). Their code is part of every decoding's fingerprint:
@@ -27,8 +28,14 @@ from orchestrator.models import TopicInput
 # read for them. (A number bumped by hand was once not bumped where it had to be.)
 PARSER_MODULES = (
     "orchestrator/archive/decoder.py",
+    "orchestrator/formats/avro_events.py",
+    "orchestrator/formats/avro_types.py",
     "orchestrator/formats/checks.py",
+    "orchestrator/formats/protobuf_events.py",
+    "orchestrator/formats/protobuf_types.py",
+    "orchestrator/formats/wire.py",
     "orchestrator/parsing.py",
+    "orchestrator/record_parsers.py",
     "orchestrator/schema.py",
     "orchestrator/spark/read/arrow.py",
     "orchestrator/spark/read/arrow_events.py",
@@ -73,23 +80,30 @@ class Decoding:
     tombstones: str  # TOMBSTONE_RULES
     metadata: tuple[str, ...] = METADATA
     decoder: str = field(default_factory=decoder_digest)  # the parser's code
+    # How the values are encoded, with the reader schema (Avro, Protobuf) they are read with.
+    format: EventFormat = field(default_factory=EventFormat)
 
     @classmethod
     def of(cls, source: TopicInput) -> Decoding:
-        return cls(source.schema, tuple(sorted(source.non_negative)), source.tombstones)
+        return cls(source.schema, tuple(sorted(source.non_negative)), source.tombstones,
+                   format=source.format)
 
     def to_json(self) -> dict[str, object]:
+        # A JSON decoding's keeps the words it had before formats, so its fingerprint too.
+        fmt = format_to_json(self.format)
         return {"schema": self.schema, "non_negative": list(self.non_negative),
                 "tombstones": self.tombstones, "metadata": list(self.metadata),
-                "decoder": self.decoder}
+                "decoder": self.decoder, **({} if fmt is None else {"format": fmt})}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Decoding:
         non_negative, metadata = data["non_negative"], data["metadata"]
         assert isinstance(non_negative, list) and isinstance(metadata, list)
         # A decoding recorded before the digest holds the number kept by hand (1): never current.
+        fmt = data.get("format")
+        assert fmt is None or isinstance(fmt, dict)
         return cls(str(data["schema"]), tuple(map(str, non_negative)), str(data["tombstones"]),
-                   tuple(map(str, metadata)), str(data["decoder"]))
+                   tuple(map(str, metadata)), str(data["decoder"]), format_from_json(fmt))
 
     @property
     def fingerprint(self) -> str:

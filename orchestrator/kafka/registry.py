@@ -57,6 +57,11 @@ class SchemaRegistry:
                                "not Avro: name an Avro subject, or declare the job's format")
         return str(schema.schema_str), int(registered.version)
 
+    def known(self, schema_id: int) -> bool:
+        """Whether the registry has a schema of that id (of any type)."""
+        return self._call(self._client.get_schema, schema_id, f"schema id {schema_id}") \
+            is not None
+
     def avro_schema(self, schema_id: int) -> dict[str, Any] | None:
         """The Avro schema of ``schema_id`` as parsed JSON; None if the registry has no such
         id or it is not an Avro schema."""
