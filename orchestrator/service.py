@@ -169,7 +169,8 @@ class Orchestrator:
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
                        partitions: int = 4, *, kind: str | None = None, users: int | None = None,
-                       invalid_share: float | None = None, transactional: bool = False) -> int:
+                       invalid_share: float | None = None, transactional: bool = False,
+                       event_format: str = "json") -> int:
         return sample_data.produce_sample(
             self.settings, topic, count, seed, rate, partitions, kind=kind, users=users,
-            invalid_share=invalid_share, transactional=transactional)
+            invalid_share=invalid_share, transactional=transactional, event_format=event_format)

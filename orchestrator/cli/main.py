@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what to produce (default: profiles for a topic named profiles*, "
                     "else pageviews)")
     ps.add_argument("--users", type=int, help="user ids 1..N (default 5000)")
+    ps.add_argument("--format", choices=["json", "avro"], default="json", dest="event_format",
+                    help="json, or avro in the schema registry's wire format (page views, "
+                    "two schema versions registered at KAPPA_SCHEMA_REGISTRY_URL)")
     ps.add_argument("--transactional", action="store_true",
                     help="produce in transactions of 1,000 records and abort every 5th")
     ps.add_argument("--invalid-share", type=float,
@@ -302,10 +305,12 @@ def run(args: argparse.Namespace) -> int:
         kind = args.kind or ("profiles" if args.topic.startswith("profiles") else "pageviews")
         count = service.produce_sample(args.topic, args.count, args.seed, args.rate, kind=kind,
                                        users=args.users, invalid_share=args.invalid_share,
-                                       transactional=args.transactional)
+                                       transactional=args.transactional,
+                                       event_format=args.event_format)
         if args.json:
             print_json({"topic": args.topic, "produced": count, "seed": args.seed,
-                        "kind": kind, "transactional": args.transactional})
+                        "kind": kind, "transactional": args.transactional,
+                        "format": args.event_format})
         else:
             what = "profile changes" if kind == "profiles" else "page views"
             how = (" in transactions of 1,000, every 5th aborted" if args.transactional else "")

@@ -10,6 +10,7 @@ Credentials go to the client's configuration only; no message quotes them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -99,3 +100,22 @@ def shown_url(url: str) -> str:
         return url
     host = parts.hostname or ""
     return urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+
+
+def avro_serializer(endpoint: RegistryEndpoint, topic: str, schemas: Sequence[Mapping[str, Any]]
+                    ) -> Callable[[dict[str, Any], int], bytes]:
+    """The registry client's own AvroSerializer for ``topic``'s values, one per schema version
+    (registered under ``<topic>-value`` on first use): (record, version from 1) -> bytes."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    registry = SchemaRegistry.at(endpoint)
+    serializers = [AvroSerializer(registry._client, json.dumps(s)) for s in schemas]
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def serialize(record: dict[str, Any], version: int) -> bytes:
+        framed = registry._call(lambda r: serializers[version - 1](r, context), record,
+                                f"registering {topic}-value")
+        assert isinstance(framed, bytes)
+        return framed
+    return serialize

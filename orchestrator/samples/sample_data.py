@@ -11,7 +11,7 @@ from orchestrator.settings import Settings
 def produce_sample(settings: Settings, topic: str, count: int, seed: int,
                    rate: float | None = None, partitions: int = 4, *, kind: str | None = None,
                    users: int | None = None, invalid_share: float | None = None,
-                   transactional: bool = False) -> int:
+                   transactional: bool = False, event_format: str = "json") -> int:
     """Produce ``count`` deterministic sample records for ``seed`` to ``topic``; return how
     many reached the log.
 
@@ -21,7 +21,9 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
     ``kind``: "pageviews" (orchestrator.samples.sample) or "profiles" (a changelog with tombstones,
     orchestrator.samples.sample_profiles); None picks "profiles" for a topic whose name starts with
     "profiles", else "pageviews". ``users``/``invalid_share``: None keeps the generator's
-    default. Arguments are checked before the topic is created.
+    default. ``event_format``: "json", or "avro" (page views only) in the schema registry's
+    wire format, its two schema versions registered in ``settings.schema_registry``
+    (samples/sample_avro.py). Arguments are checked before the topic is created.
     """
     from orchestrator.kafka.admin import ensure_topic
     from orchestrator.kafka.producer import produce, produce_in_transactions
@@ -29,7 +31,14 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
     if kind is None:
         kind = "profiles" if topic.startswith("profiles") else "pageviews"
     records: Iterator[tuple[bytes, bytes | None]]
-    if kind == "pageviews":
+    if event_format not in ("json", "avro"):
+        raise KappaError(f"unknown sample format {event_format!r}: use json or avro")
+    if event_format == "avro":
+        if kind != "pageviews":
+            raise KappaError("the Avro sample is of page views: drop --kind profiles, or "
+                             "produce the profiles as JSON")
+        records = _avro_pageviews(settings, topic, count, seed, users, invalid_share)
+    elif kind == "pageviews":
         from orchestrator.samples.sample import USERS, sample_events
 
         records = sample_events(count, seed, users=USERS if users is None else users,
@@ -50,3 +59,19 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
         result = produce_in_transactions(bootstrap, topic, records)
         return result.committed + result.aborted
     return produce(bootstrap, topic, records, rate=rate)
+
+
+def _avro_pageviews(settings: Settings, topic: str, count: int, seed: int, users: int | None,
+                    invalid_share: float | None) -> Iterator[tuple[bytes, bytes | None]]:
+    from orchestrator.errors import ConfigError
+    from orchestrator.kafka.registry import avro_serializer
+    from orchestrator.samples.sample import USERS
+    from orchestrator.samples.sample_avro import SCHEMAS, avro_sample_events
+
+    endpoint = settings.schema_registry
+    if endpoint is None:
+        raise ConfigError("the Avro sample registers its schemas: set schema_registry_url "
+                          "(KAPPA_SCHEMA_REGISTRY_URL)")
+    return avro_sample_events(count, seed, avro_serializer(endpoint, topic, SCHEMAS),
+                              users=USERS if users is None else users,
+                              invalid_share=invalid_share)
