@@ -168,3 +168,19 @@ def test_deploy_refuses_a_format_that_replays_cannot_read_yet(tmp_path: Path) ->
             "EVENT_FORMAT 'avro' (topic views) is read and checked, but replays cannot decode")):
         refuse_formats_not_replayed_yet(spec)
     refuse_formats_not_replayed_yet(parse_job_source(_job('"user_id bigint"', fmt=None), "j"))
+
+
+def test_the_avro_example_job_reads_both_sample_versions_with_its_reader() -> None:
+    from orchestrator.formats.avro_compat import unreadable
+    from orchestrator.samples.sample_avro import PAGE_VIEW_V1, PAGE_VIEW_V2
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load_job_file(root / "jobs" / "pageview_referrers" / "v1")
+    (topic_input,) = spec.inputs
+    reader = json.loads(topic_input.format.reader)
+    assert reader == PAGE_VIEW_V2
+    assert topic_input.schema == ("`user_id` bigint, `url` string, `ts` bigint, "
+                                  "`duration_ms` bigint, `referrer` string")
+    assert unreadable(PAGE_VIEW_V1, reader) is None and unreadable(PAGE_VIEW_V2, reader) is None
+    # And a job still on the first version reads the second's records: it skips referrer.
+    assert unreadable(PAGE_VIEW_V2, PAGE_VIEW_V1) is None
