@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 
@@ -21,6 +21,7 @@ from orchestrator.models import AliasState, VersionLag, VersionStatus
 from orchestrator.plan.cutover import Cutover
 from orchestrator.replay_queue.desk import ReplayDesk
 from orchestrator.samples import sample_data
+from orchestrator.samples.sample_data import SampleOptions
 from orchestrator.serving.diff import DiffReport
 from orchestrator.serving.switching import Switchboard
 from orchestrator.settings import Settings, load_settings
@@ -168,9 +169,6 @@ class Orchestrator:
 
     # Sample data ---------------------------------------------------------------------------
     def produce_sample(self, topic: str, count: int, seed: int, rate: float | None = None,
-                       partitions: int = 4, *, kind: str | None = None, users: int | None = None,
-                       invalid_share: float | None = None, transactional: bool = False,
-                       event_format: str = "json") -> int:
-        return sample_data.produce_sample(
-            self.settings, topic, count, seed, rate, partitions, kind=kind, users=users,
-            invalid_share=invalid_share, transactional=transactional, event_format=event_format)
+                       partitions: int = 4, **options: Unpack[SampleOptions]) -> int:
+        return sample_data.produce_sample(self.settings, topic, count, seed, rate, partitions,
+                                          **options)

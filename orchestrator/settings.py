@@ -67,8 +67,9 @@ class Settings:
     schema_registry_url: str | None = None
     schema_registry_user_info_file: str | None = None  # a file holding its "user:password"
     schema_registry_token_file: str | None = None  # a file holding its bearer token
-    # Its credentials: only from the environment or the files above, like the SASL password.
+    # Its basic auth, "user:password": only from the environment or the file above.
     schema_registry_user_info: str | None = field(default=None, repr=False)
+    # Its bearer token: only from the environment or the file above.
     schema_registry_token: str | None = field(default=None, repr=False)
     spark_master: str = "local[*]"  # where drivers run Spark: local[N] or spark://HOST:PORT
     # Where versions' checkpoints live: a path, or any URI Spark accepts (hdfs://, s3a://), so

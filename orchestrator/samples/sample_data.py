@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TypedDict
 
 from orchestrator.errors import KappaError
 from orchestrator.settings import Settings
+
+
+class SampleOptions(TypedDict, total=False):
+    """produce_sample's keyword arguments, as the facade passes them on."""
+
+    kind: str | None
+    users: int | None
+    invalid_share: float | None
+    transactional: bool
+    event_format: str
 
 
 def produce_sample(settings: Settings, topic: str, count: int, seed: int,
