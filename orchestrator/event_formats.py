@@ -50,10 +50,14 @@ def declared(kind: Any, raw: Any, what: str, where: str, read: ReadFile
     return None, EventFormat()
 
 
-def avro_struct(reader: str, where: str) -> Struct:
+def avro_reader(schema: Any, where: str) -> tuple[str, Struct]:
+    """The reader schema's text as pinned (its JSON with sorted keys and no spaces: the same
+    schema written differently pins the same reader) and its fields; a schema that is not a
+    record, that fastavro refuses, or that holds a type with no Spark type is refused here."""
     from orchestrator.formats.avro_types import event_struct
 
-    return event_struct(json.loads(reader), where)
+    struct = event_struct(schema, where)
+    return json.dumps(schema, sort_keys=True, separators=(",", ":")), struct
 
 
 def protobuf_struct(fmt: EventFormat, where: str) -> Struct:
@@ -79,9 +83,9 @@ def pin_registry_schemas(spec: JobSpec, fetch: FetchSubject,
         subject, version = _subject(fmt.source)
         text, number = fetch(subject, version)
         where = f"{spec.path}: {declared_input.topic}'s subject {subject} version {number}"
-        reader = _canonical(_json(text, where), where)
+        reader, fields = avro_reader(_json(text, where), where)
         fmt = replace(fmt, reader=reader, source=f"{subject}@{number}")
-        struct = checked(avro_struct(reader, where), declared_input, where)
+        struct = checked(fields, declared_input, where)
         inputs.append(replace(declared_input, schema=struct.ddl(), format=fmt))
         pinned.append(f"{fmt.source}:{reader}")
     digest = hashlib.sha256(f"{spec.fingerprint}\n".encode())
@@ -116,13 +120,12 @@ def _avro(raw: Any, what: str, where: str, read: ReadFile) -> tuple[Struct | Non
         return None, EventFormat("avro", source=f"{raw['subject']}@{version}")
     if isinstance(raw, str) and raw.endswith(".avsc"):
         text = _file(raw, what, where, read)
-        reader = _canonical(_json(text.decode("utf-8", errors="replace"), f"{where}: {raw}"),
-                            f"{where}: {raw}")
-        return avro_struct(reader, f"{where}: {raw}"), EventFormat("avro", reader, source=raw)
+        reader, struct = avro_reader(_json(text.decode("utf-8", errors="replace"),
+                                           f"{where}: {raw}"), f"{where}: {raw}")
+        return struct, EventFormat("avro", reader, source=raw)
     if isinstance(raw, Mapping):
-        reader = _canonical(dict(raw), f"{where}: {what}")
-        return avro_struct(reader, f"{where}: {what}"), EventFormat("avro", reader,
-                                                                    source="inline")
+        reader, struct = avro_reader(dict(raw), f"{where}: {what}")
+        return struct, EventFormat("avro", reader, source="inline")
     raise JobFileError(f"{where}: with EVENT_FORMAT = 'avro', {what} is an .avsc file of the "
                        'job, a record schema, or {"subject": ..., "version": ...} of the schema '
                        "registry")
@@ -158,18 +161,6 @@ def _json(text: str, where: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise JobFileError(f"{where} is not JSON ({exc}): fix it and deploy again") from exc
-
-
-def _canonical(schema: Any, where: str) -> str:
-    """The schema as fastavro parses it, written with sorted keys and no spaces: the same
-    schema written differently pins the same reader, and a bad one is refused here."""
-    from orchestrator.formats.avro_types import parsed_schema
-
-    if not (isinstance(schema, Mapping) and schema.get("type") == "record"):
-        raise JobFileError(f"{where} is not a record schema: the events must be Avro records "
-                           '({"type": "record", "name": ..., "fields": [...]})')
-    parsed_schema(schema, where)
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
 
 def _subject(source: str) -> tuple[str, int | str]:
