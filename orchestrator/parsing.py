@@ -12,6 +12,7 @@ import decimal
 import json
 import re
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -239,6 +240,9 @@ def _loads_exact(value: bytes) -> Any:
 
 class EventParser:
     """Turns a record value into the declared fields, or says why the record is invalid."""
+
+    # JSON carries no writer schema: a decoded JSON segment records none.
+    writer_ids: AbstractSet[int] = frozenset()
 
     def __init__(self, schema: Struct | Sequence[tuple[str, str]],
                  non_negative: Sequence[str] = ()):

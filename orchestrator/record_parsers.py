@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
@@ -23,6 +24,10 @@ class WriterSchemas(Protocol):
 
 class RecordParser(Protocol):
     fields: tuple[str, ...]
+
+    @property
+    def writer_ids(self) -> AbstractSet[int]:
+        """The writer schema ids of the records parsed so far."""
 
     def parse(self, value: bytes | None) -> tuple[tuple[Any, ...] | None, str | None]: ...
 

@@ -82,7 +82,7 @@ def parsed_chunks(table: pa.Table, decoding: Decoding, topic: str, partition: in
             values, error = parser.parse(value)
             builder.add(offset, timestamp_ms, key, value, headers, values, error)
         if writer_ids is not None:
-            writer_ids |= getattr(parser, "writer_ids", set())
+            writer_ids |= parser.writer_ids
         yield builder.flush(), [d[3:] for d in builder.dead]  # without (version, topic, part.)
 
 
