@@ -10,7 +10,8 @@ subject; with HTTP basic auth or a bearer token when given, and the registry's e
 Ids are global, as in the real registry: the same schema text registered under two subjects
 has one id. ``requests`` counts the requests by path, for the tests of the client's cache;
 ``away()`` closes the listening socket (an outage) and ``back()`` opens it again on the same
-port."""
+port. ``stop_at`` names a request path at which the registry stops, as one whose process died:
+that request and every one after it until ``back()`` go unanswered, and it goes away."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class RegistryStandIn:
         self.schemas: list[tuple[str, str]] = []  # (schema text, type) by id - 1
         self.subjects: dict[str, list[int]] = {}  # subject -> ids, by version - 1
         self.requests: Counter[str] = Counter()
+        self.stop_at: str | None = None
+        self.stopped = threading.Event()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.port = 0
@@ -44,6 +47,7 @@ class RegistryStandIn:
 
     def back(self) -> None:
         registry = self
+        self.stopped.clear()
 
         class Handler(_Handler):
             standin = registry
@@ -152,6 +156,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("POST")
 
     def _handle(self, method: str) -> None:
+        standin = self.standin
+        if standin.stopped.is_set() or urlsplit(self.path).path == standin.stop_at:
+            if not standin.stopped.is_set():
+                standin.stop_at = None
+                standin.stopped.set()
+                # Not on this thread: shutdown() waits for the serving loop.
+                threading.Thread(target=standin.away, daemon=True).start()
+            self.close_connection = True
+            return  # unanswered: the connection closes
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         status = self.standin.allowed(method, self.headers.get("Authorization"))

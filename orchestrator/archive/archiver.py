@@ -38,7 +38,7 @@ from orchestrator.archive_model.segments import (
     segment_path,
 )
 from orchestrator.catalog import archive_manifest as manifest
-from orchestrator.errors import KappaError
+from orchestrator.errors import KappaError, RegistryUnavailableError
 from orchestrator.failpoints import fail_point
 from orchestrator.kafka.admin import log_identity, topic_names
 from orchestrator.kafka.clients import LogClients
@@ -46,6 +46,7 @@ from orchestrator.kafka.endpoint import Kafka
 from orchestrator.kafka.offsets import log_bounds
 from orchestrator.kafka.reader import read_range
 from orchestrator.kafka.timestamps import record_timestamps
+from orchestrator.kafka.writer_schemas import writer_schemas
 from orchestrator.log_identity import LogIdentity
 from orchestrator.settings import Settings
 
@@ -373,17 +374,20 @@ def _decode(conn: psycopg.Connection, settings: Settings, store: ParquetStore,
     archiver, an error of any kind but an outage stops that topic's decoding only, not the
     archiving nor the other topics' decoding (replays parse its raw segments meanwhile): it is
     kept in archive_errors, which `kappa archive status` shows, and tried again every pass."""
+    registry = writer_schemas(settings.schema_registry)
     if once:
-        decode_pending(conn, settings.catalog_schema, store, topics, on_decoded)
+        decode_pending(conn, settings.catalog_schema, store, topics, on_decoded,
+                       registry=registry)
         return
     failed: dict[str, str] = {}
 
     def keep(use: Use, exc: Exception) -> None:
-        if _is_outage(exc):
+        # A schema registry away stops only the decodings that need it, till a later pass.
+        if _is_outage(exc) and not isinstance(exc, RegistryUnavailableError):
             raise exc
         failed.setdefault(use.lineage.topic, _first_line(exc))
 
-    decode_pending(conn, settings.catalog_schema, store, topics, on_decoded, keep)
+    decode_pending(conn, settings.catalog_schema, store, topics, on_decoded, keep, registry)
     with conn.transaction():
         manifest.clear_errors(conn, settings.catalog_schema,
                               [t for t in topics if t not in failed], manifest.DECODING)

@@ -29,6 +29,7 @@ from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
 from orchestrator.failpoints import fail_point
 from orchestrator.models import DEAD, DeployedVersion
+from orchestrator.record_parsers import WriterSchemas
 from orchestrator.states import RunState
 
 log = logging.getLogger("kappa.archive")
@@ -84,8 +85,10 @@ def version_progress(conn: psycopg.Connection, schema: str, version: DeployedVer
     return found
 
 
-def decoded_table(store: ParquetStore, segment: Segment, decoding: Decoding) -> pa.Table:
-    """One raw segment (read and checked against its manifest row), decoded."""
+def decoded_table(store: ParquetStore, segment: Segment, decoding: Decoding,
+                  registry: WriterSchemas | None = None) -> pa.Table:
+    """One raw segment (read and checked against its manifest row), decoded; Avro and
+    Protobuf values with ``registry``'s writer schemas."""
     from orchestrator.archive.table_checksum import table_checksum
 
     fail_point("archive.decode")
@@ -93,13 +96,13 @@ def decoded_table(store: ParquetStore, segment: Segment, decoding: Decoding) -> 
     if raw.num_rows != segment.records or table_checksum(raw) != segment.checksum:
         raise ArchiveError(f"segment {store.location(segment.path)} differs from the archive's "
                            "manifest: run `kappa archive verify`, then restore it from a backup")
-    return decode(raw, decoding, segment.lineage.topic, segment.partition)
+    return decode(raw, decoding, segment.lineage.topic, segment.partition, registry)
 
 
-def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
-                   ) -> tuple[DecodedSegment, pa.Table]:
+def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding,
+                   registry: WriterSchemas | None = None) -> tuple[DecodedSegment, pa.Table]:
     """Decode one raw segment and put the file in place; the caller records the row."""
-    table = decoded_table(store, segment, decoding)
+    table = decoded_table(store, segment, decoding, registry)
     data = parquet_bytes(table, plain=("kafka_offset", "kafka_timestamp"))
     path = decoded_path(decoding.fingerprint, segment.lineage, segment.partition,
                         segment.first_offset, segment.end_offset)
@@ -110,7 +113,8 @@ def decode_segment(store: ParquetStore, segment: Segment, decoding: Decoding
                           size, file_checksum(data), segment.checksum, path), table
 
 
-def rebuild(conn: psycopg.Connection, schema: str, store: ParquetStore, path: str) -> pa.Table:
+def rebuild(conn: psycopg.Connection, schema: str, store: ParquetStore, path: str,
+            registry: WriterSchemas | None = None) -> pa.Table:
     """Decode again, from its raw segment, the decoded segment recorded at ``path`` (its file
     missing or bad), put it in place and record it; returns its table."""
     with conn.transaction():
@@ -125,7 +129,7 @@ def rebuild(conn: psycopg.Connection, schema: str, store: ParquetStore, path: st
     if not raw or decoding is None:
         raise ArchiveError(f"decoded segment {store.location(path)} has no raw segment or "
                            "decoding left to rebuild it from: run `kappa archive verify`")
-    segment, table = decode_segment(store, raw[0], decoding)
+    segment, table = decode_segment(store, raw[0], decoding, registry)
     with conn.transaction():
         decoded_manifest.record(conn, schema, segment)
     return table
@@ -134,8 +138,8 @@ def rebuild(conn: psycopg.Connection, schema: str, store: ParquetStore, path: st
 def decode_pending(conn: psycopg.Connection, schema: str, store: ParquetStore,
                    topics: Sequence[str] | None = None,
                    on_decoded: Callable[[DecodedSegment], None] = lambda _: None,
-                   on_error: Callable[[Use, Exception], None] | None = None
-                   ) -> list[DecodedSegment]:
+                   on_error: Callable[[Use, Exception], None] | None = None,
+                   registry: WriterSchemas | None = None) -> list[DecodedSegment]:
     """Decode every raw segment that a use lacks (of ``topics``, or all); returns them. An error
     stops the pass, unless ``on_error`` takes it (it may raise it): then it stops that use's
     decoding only, and the other uses go on."""
@@ -154,7 +158,7 @@ def decode_pending(conn: psycopg.Connection, schema: str, store: ParquetStore,
             continue
         try:
             for segment in todo:
-                decoded, _ = decode_segment(store, segment, use.decoding)
+                decoded, _ = decode_segment(store, segment, use.decoding, registry)
                 with conn.transaction():
                     # Again with its row: a prune may have forgotten the decoding meanwhile.
                     decoded_manifest.register(conn, schema, use.decoding)
@@ -230,7 +234,8 @@ def prune_unused(conn: psycopg.Connection, schema: str, store: ParquetStore, *,
 
 
 def verify_decoded(conn: psycopg.Connection, schema: str, store: ParquetStore,
-                   topics: Sequence[str] = ()) -> tuple[int, list[str]]:
+                   topics: Sequence[str] = (), registry: WriterSchemas | None = None
+                   ) -> tuple[int, list[str]]:
     """Check every decoded segment (of ``topics``) against its checksum; one missing or bad is
     rebuilt from its raw segment, and one line names it. Returns (checked, rebuilt paths)."""
     with conn.transaction():
@@ -243,13 +248,14 @@ def verify_decoded(conn: psycopg.Connection, schema: str, store: ParquetStore,
         except ArchiveError as exc:
             log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw "
                         "segment", store.location(d.path), exc)
-            rebuild(conn, schema, store, d.path)
+            rebuild(conn, schema, store, d.path, registry)
             rebuilt.append(d.path)
     return len(found), rebuilt
 
 
 def read_or_rebuild(connect: Callable[[], psycopg.Connection], schema: str, store: ParquetStore,
-                    path: str, checksum: str, columns: Sequence[str]) -> pa.Table:
+                    path: str, checksum: str, columns: Sequence[str],
+                    registry: WriterSchemas | None = None) -> pa.Table:
     """A decoded segment's ``columns``, once its file matches its checksum; one missing or bad
     is rebuilt from its raw segment, and one line names it. Readers that find it bad together
     (read tasks of one segment) take turns: one rebuilds it, the others read what it put in
@@ -257,12 +263,13 @@ def read_or_rebuild(connect: Callable[[], psycopg.Connection], schema: str, stor
     try:
         return read_decoded(store, path, checksum, columns)
     except ArchiveError:
-        return rebuild_unless_mended(connect, schema, store, path, checksum, columns)
+        return rebuild_unless_mended(connect, schema, store, path, checksum, columns, registry)
 
 
 def rebuild_unless_mended(connect: Callable[[], psycopg.Connection], schema: str,
                           store: ParquetStore, path: str, checksum: str,
-                          columns: Sequence[str]) -> pa.Table:
+                          columns: Sequence[str], registry: WriterSchemas | None = None
+                          ) -> pa.Table:
     """``read_or_rebuild`` for a file already found missing or bad: under the segment's lock,
     read it again (another reader may have rebuilt it meanwhile), else rebuild it."""
     conn = connect()
@@ -273,7 +280,7 @@ def rebuild_unless_mended(connect: Callable[[], psycopg.Connection], schema: str
     except ArchiveError as exc:
         log.warning("decoded segment %s is missing or bad (%s); rebuilt from its raw segment",
                     store.location(path), exc)
-        return rebuild(conn, schema, store, path).select(list(columns))
+        return rebuild(conn, schema, store, path, registry).select(list(columns))
     finally:
         conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 

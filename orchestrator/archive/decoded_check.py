@@ -23,6 +23,7 @@ from orchestrator.archive_model.decoding import DecodedSegment, decoder_digest
 from orchestrator.archive_model.segments import ArchiveError, Lineage, Segment
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.catalog import decoded_manifest
+from orchestrator.record_parsers import WriterSchemas
 
 log = logging.getLogger("kappa.archive")
 
@@ -60,7 +61,8 @@ def first_difference(fresh: pa.Table, stored: pa.Table) -> str:
 
 
 def redecode(conn: psycopg.Connection, schema: str, store: ParquetStore,
-             topics: Sequence[str] = (), sample: int | None = None) -> RedecodeReport:
+             topics: Sequence[str] = (), sample: int | None = None,
+             registry: WriterSchemas | None = None) -> RedecodeReport:
     """Decode the decoded segments (of ``topics``; all, or ``sample`` of them) again from their
     raw segments and compare; one that differs is named in one line and rebuilt."""
     with conn.transaction():
@@ -82,13 +84,13 @@ def redecode(conn: psycopg.Connection, schema: str, store: ParquetStore,
         if raw is None:
             raise ArchiveError(f"decoded segment {store.location(d.path)} has no raw segment: "
                                "run `kappa archive verify`")
-        fresh = decoded_table(store, raw, decodings[d.decoding])
+        fresh = decoded_table(store, raw, decodings[d.decoding], registry)
         stored = read_decoded(store, d.path, d.checksum)
         if fresh.equals(stored):
             continue
         line = (f"decoded segment {store.location(d.path)} differs from its raw segment "
                 f"decoded again, in {first_difference(fresh, stored)}: rebuilt")
         log.warning("%s", line)
-        rebuild(conn, schema, store, d.path)
+        rebuild(conn, schema, store, d.path, registry)
         differed.append(line)
     return RedecodeReport(len(chosen), len(found) - len(current), tuple(differed))

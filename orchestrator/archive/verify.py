@@ -13,6 +13,7 @@ from orchestrator.archive_model.segments import ArchiveError, first_difference, 
 from orchestrator.catalog import archive_manifest as manifest
 from orchestrator.kafka.admin import log_identity
 from orchestrator.kafka.offsets import log_bounds
+from orchestrator.kafka.writer_schemas import writer_schemas
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ def verify(archiver: Archiver, topics: Sequence[str], redecode_sample: int | Non
                 "segment was written wrong; do not restore it, and report it")
         compared += 1
         records += len(archived)
-    decoded, rebuilt = verify_decoded(archiver.conn, archiver.schema, archiver.store, topics)
+    registry = writer_schemas(archiver.settings.schema_registry)
+    decoded, rebuilt = verify_decoded(archiver.conn, archiver.schema, archiver.store, topics,
+                                      registry)
     again = None if redecode_sample is None else redecode(
-        archiver.conn, archiver.schema, archiver.store, topics, redecode_sample)
+        archiver.conn, archiver.schema, archiver.store, topics, redecode_sample, registry)
     return VerifyReport(len(segments), compared, records, decoded, tuple(rebuilt), again)

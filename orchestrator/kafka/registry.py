@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -91,6 +92,13 @@ class SchemaRegistry:
             raise RegistryUnavailableError(
                 f"the schema registry at {self.url} cannot be reached for {what} "
                 f"({type(exc).__name__}); the read resumes once it answers") from None
+
+
+@lru_cache(maxsize=8)
+def shared_registry(endpoint: RegistryEndpoint) -> SchemaRegistry:
+    """One client per registry in a process: a reused Python worker asks for each writer
+    schema once, whatever the number of its read tasks."""
+    return SchemaRegistry.at(endpoint)
 
 
 def shown_url(url: str) -> str:

@@ -13,16 +13,18 @@ import re
 from dataclasses import dataclass
 
 from orchestrator.archive_model.segments import ArchiveError
+from orchestrator.errors import RegistryAuthError
 from orchestrator.models import Offsets
 from orchestrator.spark.shape import JobError
 
 POISON_ATTEMPTS = 3
 
 # Names and phrases of errors that mean "a service is unreachable now", wherever they were
-# raised (driver or executor, psycopg, confluent-kafka, or pyarrow reading the archive from an
-# object store: its network errors, 503 and throttling).
+# raised (driver or executor, psycopg, confluent-kafka, the schema registry's client, or
+# pyarrow reading the archive from an object store: its network errors, 503 and throttling).
 _OUTAGE = re.compile(
-    r"ServiceUnavailableError|OperationalError|InterfaceError|AdminShutdown|"
+    r"ServiceUnavailableError|RegistryUnavailableError|OperationalError|InterfaceError|"
+    r"AdminShutdown|"
     r"connection (?:refused|failed|to server|is closed|not open)|server closed the connection|"
     r"could not connect|Connection refused|_TRANSPORT|_ALL_BROKERS_DOWN|_TIMED_OUT|"
     r"did not answer|made no progress|terminating connection|"
@@ -110,9 +112,12 @@ def job_error(exc: BaseException) -> JobError | None:
     so do the log changed under the version and an archive segment gone or damaged: running
     the batch again cannot help either. A segment that could not be read because the object
     store holding it is away (its network error, 503, throttling) is none of these: an
-    outage, waited out. A store that refuses the credentials is, wherever it was asked."""
+    outage, waited out; so is a schema registry away. A store or a schema registry that
+    refuses the credentials is, wherever it was asked."""
     if isinstance(exc, JobError):
         return exc
+    if isinstance(exc, RegistryAuthError):  # raised in the driver itself (a batch phase's reads)
+        return JobError(str(exc)[:1000])
     if isinstance(exc, ArchiveError) and not _OUTAGE.search(str(exc)):
         return JobError(str(exc)[:1000])  # raised in the driver itself (a batch phase's reads)
     refused = next((line.strip() for line in str(exc).splitlines()
@@ -123,7 +128,7 @@ def job_error(exc: BaseException) -> JobError | None:
                         "AWS_SECRET_ACCESS_KEY in the drivers' environment, or archive_root's), "
                         "then `kappa restart JOB VERSION`")
     for line in str(exc).splitlines():
-        for marker in ("JobError:", "LogChangedError:", "ArchiveError:"):
+        for marker in ("JobError:", "LogChangedError:", "ArchiveError:", "RegistryAuthError:"):
             if marker in line and not (marker == "ArchiveError:" and _OUTAGE.search(line)):
                 return JobError(line.split(marker, 1)[1].strip()[:1000])
     return None

@@ -152,7 +152,7 @@ class JobQuery:
             catalog_schema=s.catalog_schema, job=v.job, version=v.version,
             cores=self.cores, log_identity=v.log_identity,
             archive_root=executor_archive_root(s), columns=columns,
-            decoded=s.decoded_segments)
+            decoded=s.decoded_segments, registry=s.schema_registry)
 
     def _query(self, spark: Any, *, live: bool) -> tuple[Any, str]:
         """The streaming DataFrame the sink receives, and Spark's output mode."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.kafka.endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE
+from orchestrator.kafka.registry_endpoint import TOKEN_VARIABLE, USER_INFO_VARIABLE
 from orchestrator.settings import DSN_VARIABLE, Settings
 from orchestrator.spark.launch import zygote
 from orchestrator.spark.launch.cds import driver_java_options
@@ -17,7 +18,7 @@ from orchestrator.spark.pyspark_path import WORKER_SITE
 
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark's default pattern, plus the names our secrets travel under.
-_REDACT = "(?i)secret|password|token|access[.]?key|dsn"
+_REDACT = "(?i)secret|password|token|access[.]?key|dsn|user_info"
 
 
 def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dict[str, str]:
@@ -60,6 +61,14 @@ def spark_conf(settings: Settings, app_name: str, dsn: str | None = None) -> dic
     if settings.kafka_secret_properties:
         conf[f"spark.executorEnv.{SECRETS_VARIABLE}"] = json.dumps(
             dict(settings.kafka_secret_properties))
+    registry = settings.schema_registry
+    if registry is not None:
+        # Read tasks of Avro and Protobuf topics ask the registry for writer schemas themselves,
+        # with the credentials resolved here (a file named by a setting may be this host's).
+        for variable, secret in ((USER_INFO_VARIABLE, registry.user_info),
+                                 (TOKEN_VARIABLE, registry.token)):
+            if secret:
+                conf[f"spark.executorEnv.{variable}"] = secret
     if settings.spark_master.startswith("spark://"):
         conf.update({
             "spark.executor.memory": settings.spark_executor_memory,

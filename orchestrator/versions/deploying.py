@@ -13,7 +13,6 @@ from orchestrator.catalog import events, output, runs, versions
 from orchestrator.catalog.access import CatalogAccess
 from orchestrator.desks.switches import SwitchDesk
 from orchestrator.determinism import replay_hazards
-from orchestrator.errors import JobFileError
 from orchestrator.jobspec import load_job_file
 from orchestrator.lag import replay_start
 from orchestrator.log_identity import LogIdentity
@@ -24,6 +23,7 @@ from orchestrator.replay_queue.slots import start_or_queue
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
 from orchestrator.versions.lifecycle import DeployResult, checkpoint_location
+from orchestrator.versions.registry_formats import registry_formats
 
 
 def deploy(catalog: CatalogAccess, switches: SwitchDesk, job_file: str | Path,
@@ -32,25 +32,14 @@ def deploy(catalog: CatalogAccess, switches: SwitchDesk, job_file: str | Path,
                   parse_priority(priority)).run()
 
 
-def refuse_formats_not_replayed_yet(spec: JobSpec) -> None:
-    """Avro and Protobuf jobs are read and checked (``kappa validate``), but no replay reads
-    those formats yet (#62): refused before anything is registered, not at the first batch."""
-    other = sorted({(i.format.kind, i.topic) for i in spec.inputs if i.format.kind != "json"})
-    if other:
-        kind, topic = other[0]
-        raise JobFileError(f"{spec.path}: EVENT_FORMAT {kind!r} (topic {topic}) is read and "
-                           "checked, but replays cannot decode it yet: deploy jobs whose events "
-                           "are JSON for now (docs/formats.md)")
-
-
 class Deploy:
     def __init__(self, catalog: CatalogAccess, switches: SwitchDesk, spec: JobSpec,
                  allow_gap: bool, priority: int):
-        self.catalog, self.switches, self.spec, self.allow_gap = catalog, switches, spec, allow_gap
+        self.catalog, self.switches, self.allow_gap = catalog, switches, allow_gap
         self.priority = priority
-        refuse_formats_not_replayed_yet(spec)
+        self.spec = registry_formats(spec, catalog.settings)
         self.schema = catalog.settings.catalog_schema
-        self.hazards = tuple(replay_hazards(spec))
+        self.hazards = tuple(replay_hazards(self.spec))
         _, self.bootstrap = catalog.settings.require_services()
 
     def run(self) -> DeployResult:

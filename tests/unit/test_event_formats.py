@@ -17,7 +17,6 @@ from google.protobuf.descriptor import FieldDescriptor as F
 from orchestrator.errors import JobFileError
 from orchestrator.job_inputs import pin_registry_schemas
 from orchestrator.jobspec import load_job_file, parse_job_source, spec_from_catalog, spec_to_json
-from orchestrator.versions.deploying import refuse_formats_not_replayed_yet
 
 _PAGE_VIEW = {"type": "record", "name": "PageView", "namespace": "shop", "fields": [
     {"name": "user_id", "type": "long"},
@@ -162,12 +161,34 @@ def test_a_bad_declaration_is_one_line_saying_what_to_do(
     assert says in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
 
 
-def test_deploy_refuses_a_format_that_replays_cannot_read_yet(tmp_path: Path) -> None:
+def test_deploy_asks_a_registry_for_avro_and_pins_a_subjects_latest(tmp_path: Path) -> None:
+    from orchestrator.errors import ConfigError
+    from orchestrator.settings import Settings
+    from orchestrator.versions.registry_formats import registry_formats
+
+    from registry_standin import RegistryStandIn
+
     spec = load_job_file(_file_job(tmp_path, '"page_view.avsc"'))
-    with pytest.raises(JobFileError, match=re.escape(
-            "EVENT_FORMAT 'avro' (topic views) is read and checked, but replays cannot decode")):
-        refuse_formats_not_replayed_yet(spec)
-    refuse_formats_not_replayed_yet(parse_job_source(_job('"user_id bigint"', fmt=None), "j"))
+    with pytest.raises(ConfigError, match=re.escape(
+            "the events of views are avro in the schema registry's wire format, and no schema "
+            "registry is configured: set schema_registry_url")):
+        registry_formats(spec, Settings())
+    plain = parse_job_source(_job('"user_id bigint"', fmt=None), "j")
+    assert registry_formats(plain, Settings()) is plain
+    registry = RegistryStandIn(users={"deployer": "pw-4"})
+    try:
+        registry.register("views-value", json.dumps(_PAGE_VIEW), "AVRO")
+        settings = Settings(schema_registry_url=registry.url,
+                            schema_registry_user_info="deployer:pw-4")
+        assert registry_formats(spec, settings) is spec  # its reader is a file: nothing to pin
+        latest = parse_job_source(_job('{"subject": "views-value"}'), "j")
+        pinned = registry_formats(latest, settings)
+    finally:
+        registry.close()
+    (topic_input,) = pinned.inputs
+    assert topic_input.format.source == "views-value@1" and not pinned.unpinned
+    assert topic_input.schema == spec.inputs[0].schema
+    assert pinned.fingerprint != latest.fingerprint
 
 
 def test_the_avro_example_job_reads_both_sample_versions_with_its_reader() -> None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from orchestrator.archive.parquet_store import ParquetStore
+    from orchestrator.record_parsers import WriterSchemas
 
 log = logging.getLogger(__name__)
 # (offset, timestamp ms, key, value, headers): a record as the Kafka reader gives it
@@ -114,11 +115,12 @@ def raw_range(root: str, ref: SegmentRef, start: int, end: int) -> pa.Table:
 
 
 def decoded_range(root: str, ref: SegmentRef, start: int, end: int, topic: str,
-                  schema: pa.Schema, catalog_schema: str
+                  schema: pa.Schema, catalog_schema: str, registry: WriterSchemas | None = None
                   ) -> tuple[pa.Table, list[tuple[int, int, bytes | None, bytes | None,
                                                   str | None]]]:
     """The rows (``schema``) and dead letters of [start, end) of a decoded segment. One that is
-    missing or bad is rebuilt from its raw segment, and one line names it."""
+    missing or bad is rebuilt from its raw segment (with ``registry``'s writer schemas), and
+    one line names it."""
     from orchestrator.archive.decode_pass import read_or_rebuild
     from orchestrator.archive.decoder import read_columns, split_decoded
     from orchestrator.archive.parquet_store import ParquetStore
@@ -126,7 +128,7 @@ def decoded_range(root: str, ref: SegmentRef, start: int, end: int, topic: str,
 
     assert ref.decoded_path is not None and ref.decoded_checksum is not None
     table = read_or_rebuild(connection, catalog_schema, ParquetStore(root), ref.decoded_path,
-                            ref.decoded_checksum, read_columns(schema))
+                            ref.decoded_checksum, read_columns(schema), registry)
     return split_decoded(table, topic, start, end, schema)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,7 +141,8 @@ class SinkReads:
         wanted = {ref.decoded_path: ref.decoded_checksum for task in tasks
                   for ref in task.segments
                   if ref.first_offset < task.end and ref.end_offset > task.start}
-        self._staging.append(self._pool.submit(self._check_and_stage, root, wanted, tasks))
+        self._staging.append(self._pool.submit(self._check_and_stage, root, wanted, tasks,
+                                              options))
         ranges: dict[int, list[tuple[int, int]]] = {}
         for task in tasks:
             ranges.setdefault(task.partition, []).append((task.start, task.end))
@@ -160,10 +162,10 @@ class SinkReads:
         return lambda: listed.pop() if listed else frame()  # again(): listed afresh
 
     def _check_and_stage(self, root: str, wanted: dict[str | None, str | None],
-                         tasks: list[ReadTask]) -> bool:
+                         tasks: list[ReadTask], options: Mapping[str, str]) -> bool:
         """Check the files (rebuilding what is missing or bad), then stage each task's read
         and dead letters; True if a file was rebuilt."""
-        letters, rebuilt = self._checked(root, wanted)
+        letters, rebuilt = self._checked(root, wanted, options)
         work: list[tuple[ReadTask, list[tuple[pa.Table, int, int]], int]] = []
         for task in tasks:
             parts, found = [], 0
@@ -178,16 +180,19 @@ class SinkReads:
         self._stage(work)
         return rebuilt
 
-    def _checked(self, root: str, wanted: dict[str | None, str | None]
-                 ) -> tuple[dict[str | None, pa.Table], bool]:
+    def _checked(self, root: str, wanted: dict[str | None, str | None],
+                 options: Mapping[str, str]) -> tuple[dict[str | None, pa.Table], bool]:
         """{decoded path: its dead letters} once each file is checked, on every core, and
         whether one was rebuilt from its raw segment (missing or bad: one line names it).
         A batch's memory grows with its dead letters, not its records."""
         from orchestrator.archive.decode_pass import read_decoded, rebuild_unless_mended
         from orchestrator.archive.parquet_store import ParquetStore
+        from orchestrator.kafka.writer_schemas import writer_schemas
+        from orchestrator.spark.read.source import source_registry
         from orchestrator.spark.writer import connection
 
         store = ParquetStore(root)
+        registry = writer_schemas(source_registry(options, os.environ))
 
         def dead(table: pa.Table) -> pa.Table:
             return table.filter(table.column(DEAD))  # at once: the rest is 3 MB a file
@@ -203,7 +208,7 @@ class SinkReads:
             found = dict(zip(wanted, pool.map(check, wanted), strict=True))
         letters = {path: checked if checked is not None else dead(rebuild_unless_mended(
             connection, self.catalog_schema, store, str(path), str(wanted[path]),
-            _DEAD_COLUMNS)) for path, checked in found.items()}
+            _DEAD_COLUMNS, registry)) for path, checked in found.items()}
         return letters, None in found.values()
 
     def finish(self) -> bool:

@@ -28,7 +28,14 @@ from orchestrator.archive.coverage import SegmentRef, spans
 from orchestrator.archive_model.decoding import Decoding, decoder_digest
 from orchestrator.archive_model.held import readable_bounds
 from orchestrator.errors import LogChangedError
+from orchestrator.event_formats import format_from_json, format_to_json
 from orchestrator.kafka.endpoint import PASSWORD_VARIABLE, SECRETS_VARIABLE, KafkaEndpoint
+from orchestrator.kafka.registry_endpoint import (
+    TOKEN_VARIABLE,
+    USER_INFO_VARIABLE,
+    RegistryEndpoint,
+)
+from orchestrator.kafka.writer_schemas import writer_schemas
 from orchestrator.lag import (
     log_changed_reason,
     log_mismatches,
@@ -37,6 +44,7 @@ from orchestrator.lag import (
 from orchestrator.log_identity import LogIdentity, log_gone_reason, replaced
 from orchestrator.models import TopicInput
 from orchestrator.parsing import EventParser
+from orchestrator.record_parsers import record_parser
 from orchestrator.schema import Struct, parse_ddl
 from orchestrator.spark.read.arrow import arrow_fields
 from orchestrator.spark.read.batch_builder import KAFKA_FIELDS, ROWS_PER_ARROW_BATCH, BatchBuilder
@@ -60,14 +68,18 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
                    log_identity: LogIdentity | None = None,
                    archive_root: str | None = None,
                    columns: tuple[str, ...] | None = None,
-                   decoded: bool = True) -> dict[str, str]:
+                   decoded: bool = True,
+                   registry: RegistryEndpoint | None = None) -> dict[str, str]:
     read = None if log_identity is None else LogIdentity(
         log_identity.cluster_id, {source.topic: log_identity.topics.get(source.topic)})
     return {
         # The password is not an option: executors read it from their environment.
         "kafka": json.dumps(kafka.public_options()), "topic": source.topic, "group_id": group_id,
         "schema": source.schema, "non_negative": json.dumps(list(source.non_negative)),
-        "tombstones": source.tombstones,
+        "tombstones": source.tombstones, "format": json.dumps(format_to_json(source.format)),
+        # Where Avro and Protobuf writer schemas are asked for; its credentials are no option.
+        "registry": json.dumps(None if registry is None or source.format.kind == "json" else
+                               {"url": registry.url, "ca_location": registry.ca_location}),
         "start_offsets": json.dumps({source.topic: start_offsets.get(source.topic, {})}),
         "chunk_records": str(chunk_records), "max_batch_records": str(max_batch_records),
         "cores": str(cores),
@@ -92,7 +104,19 @@ def source_options(*, kafka: KafkaEndpoint, source: TopicInput, group_id: str,
 def source_decoding(options: Mapping[str, str]) -> Decoding:
     """The decoding of the source's records: what decides a row or a dead letter."""
     return Decoding(options["schema"], tuple(sorted(json.loads(options["non_negative"]))),
-                    options["tombstones"], decoder=options["decoder"])
+                    options["tombstones"], decoder=options["decoder"],
+                    format=format_from_json(json.loads(options.get("format") or "null")))
+
+
+def source_registry(options: Mapping[str, str], env: Mapping[str, str]
+                    ) -> RegistryEndpoint | None:
+    """The schema registry as the options name it, with the credentials of this process's
+    environment (``env``), driver or executor; None if none is configured."""
+    public = json.loads(options.get("registry") or "null")
+    if public is None:
+        return None
+    return RegistryEndpoint(public["url"], env.get(USER_INFO_VARIABLE) or None,
+                            env.get(TOKEN_VARIABLE) or None, public["ca_location"])
 
 
 def archive_view(options: Mapping[str, str]) -> ArchiveView:
@@ -278,7 +302,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wanted = None if columns is None else frozenset(columns)
         non_negative = json.loads(self.options["non_negative"])
         pass_tombstones = self.options["tombstones"] == "pass"
-        parser = EventParser(schema, non_negative)
+        fmt = format_from_json(json.loads(self.options.get("format") or "null"))
+        registry = writer_schemas(source_registry(self.options, os.environ))
+        parser = record_parser(schema, non_negative, fmt, registry)
         builder = BatchBuilder(
             pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), partition.topic,
             partition.partition, len(parser.fields),
@@ -290,8 +316,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # columns the job does not read left null, and leave with only those it reads.
         out = (lambda batch: batch) if columns is None else \
             (lambda batch: batch.select(list(columns)))
-        # Flat schemas are checked a chunk at a time; any other keeps the per-record loop.
-        columnar = ColumnarParser.for_schema(schema, parser, non_negative, pass_tombstones)
+        # Flat JSON schemas are checked a chunk at a time; any other keeps the per-record loop.
+        columnar = ColumnarParser.for_schema(schema, parser, non_negative, pass_tombstones) \
+            if isinstance(parser, EventParser) else None
         parse = parser.parse
         add = builder.add
         found = decoded = 0
@@ -311,7 +338,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue
                 if ref.decoded_path is not None:  # decoded once: no parse, no Python row
                     rows, dead = decoded_range(root, ref, lo, hi, partition.topic, read_schema,
-                                               self.options["catalog_schema"])
+                                               self.options["catalog_schema"], registry)
                     found += rows.num_rows + len(dead)
                     decoded += hi - lo
                     builder.add_dead_letters(dead)
@@ -319,7 +346,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     yield from rows.to_batches(max_chunksize=ROWS_PER_ARROW_BATCH)
                     continue
                 for batch, dead in parsed_chunks(raw_range(root, ref, lo, hi), decoding,
-                                                 partition.topic, partition.partition, wanted):
+                                                 partition.topic, partition.partition, wanted,
+                                                 registry=registry):
                     found += batch.num_rows + len(dead)
                     builder.add_dead_letters(dead)
                     if len(builder.dead) >= ROWS_PER_ARROW_BATCH:
