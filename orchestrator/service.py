@@ -52,9 +52,10 @@ class Orchestrator:
         self.catalog.close()
 
     # Deploying and controlling ---------------------------------------------------------------
-    def deploy(self, job_file: str | Path, *, allow_gap: bool = False, priority: int | str = 0
-               ) -> DeployResult:
-        return deploying.deploy(self.catalog, self.switches, job_file, allow_gap, priority)
+    def deploy(self, job_file: str | Path, *, allow_gap: bool = False, priority: int | str = 0,
+               allow_incompatible: bool = False) -> DeployResult:
+        return deploying.deploy(self.catalog, self.switches, job_file, allow_gap, priority,
+                                allow_incompatible)
 
     def stop(self, job: str, version: str) -> VersionStatus:
         return lifecycle.stop(self.catalog, job, version)

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, help="seconds to wait with --wait")
     d.add_argument("--allow-gap", action="store_true",
                    help="deploy even if retention removed the start of the log")
+    d.add_argument("--allow-incompatible", action="store_true",
+                   help="deploy an Avro job whose reader schema cannot read some of the log's "
+                   "writer schemas: their records go to the dead-letter table")
     d.add_argument("--priority", default="0",
                    help="its place in the replay queue when replay_slots are all taken: an "
                    "integer from -1000 to 1000, higher first, then the older (default 0)")
@@ -209,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
 
     service = Orchestrator(settings)
     if cmd == "deploy":
-        result = service.deploy(args.job_file, allow_gap=args.allow_gap, priority=args.priority)
+        result = service.deploy(args.job_file, allow_gap=args.allow_gap, priority=args.priority,
+                                allow_incompatible=args.allow_incompatible)
         st = result.status
         for warning in result.warnings:
             print(f"Warning: output may depend on batch boundaries: {warning}", file=sys.stderr)

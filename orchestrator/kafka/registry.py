@@ -59,6 +59,16 @@ class SchemaRegistry:
                                "not Avro: name an Avro subject, or declare the job's format")
         return str(schema.schema_str), int(registered.version)
 
+    def version_of(self, subject: str, schema_id: int) -> int | None:
+        """The version under ``subject`` of the schema with ``schema_id``; None where the
+        registry has no such schema, or not under that subject."""
+        what = f"schema id {schema_id} under subject {subject}"
+        schema = self._call(self._client.get_schema, schema_id, what)
+        if schema is None:
+            return None
+        registered = self._call(lambda s: self._client.lookup_schema(subject, s), schema, what)
+        return None if registered is None else int(registered.version)
+
     def known(self, schema_id: int) -> bool:
         """Whether the registry has a schema of that id (of any type)."""
         return self._call(self._client.get_schema, schema_id, f"schema id {schema_id}") \

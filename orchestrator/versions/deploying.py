@@ -23,20 +23,21 @@ from orchestrator.replay_queue.slots import start_or_queue
 from orchestrator.states import RunState
 from orchestrator.versions import reporting
 from orchestrator.versions.lifecycle import DeployResult, checkpoint_location
-from orchestrator.versions.registry_formats import registry_formats
+from orchestrator.versions.registry_formats import refuse_unreadable_writers, registry_formats
 
 
 def deploy(catalog: CatalogAccess, switches: SwitchDesk, job_file: str | Path,
-           allow_gap: bool = False, priority: int | str = 0) -> DeployResult:
+           allow_gap: bool = False, priority: int | str = 0,
+           allow_incompatible: bool = False) -> DeployResult:
     return Deploy(catalog, switches, load_job_file(job_file), allow_gap,
-                  parse_priority(priority)).run()
+                  parse_priority(priority), allow_incompatible).run()
 
 
 class Deploy:
     def __init__(self, catalog: CatalogAccess, switches: SwitchDesk, spec: JobSpec,
-                 allow_gap: bool, priority: int):
+                 allow_gap: bool, priority: int, allow_incompatible: bool = False):
         self.catalog, self.switches, self.allow_gap = catalog, switches, allow_gap
-        self.priority = priority
+        self.priority, self.allow_incompatible = priority, allow_incompatible
         self.spec = registry_formats(spec, catalog.settings)
         self.schema = catalog.settings.catalog_schema
         self.hazards = tuple(replay_hazards(self.spec))
@@ -49,6 +50,7 @@ class Deploy:
             if existing is not None:
                 return self.deployed_before(conn, existing)
             self.check_topics()
+            self.check_writer_schemas()
             identity, log_start, gone = self.read_the_log(conn)
             version = self.register(conn, identity, log_start, gone)
             start_or_queue(self.catalog, conn, version, self.priority)
@@ -77,6 +79,14 @@ class Deploy:
 
         for topic in self.spec.topics:
             topic_partitions(self.bootstrap, topic)
+
+    def check_writer_schemas(self) -> None:
+        """An Avro reader schema that cannot read a writer schema of the log, refused."""
+        from orchestrator.kafka.writer_ids import sampled_writer_ids
+
+        if not self.allow_incompatible:
+            refuse_unreadable_writers(self.spec, self.catalog.settings, lambda topic: (
+                sampled_writer_ids(self.bootstrap, topic, f"kappa-deploy-{self.spec.name}")))
 
     def read_the_log(self, conn: psycopg.Connection) -> tuple[LogIdentity, Offsets, int]:
         """The log's identity, where the replay starts (below the broker's log start where the
@@ -114,7 +124,8 @@ class Deploy:
                           fingerprint=spec.fingerprint, file=str(spec.path),
                           log_start=log_start, allow_gap=self.allow_gap,
                           log_identity=identity.to_json(), gap_offsets=gone,
-                          files=[p for p, _ in spec.files], replay_hazards=list(self.hazards))
+                          files=[p for p, _ in spec.files], replay_hazards=list(self.hazards),
+                          allow_incompatible=self.allow_incompatible)
         return version
 
     def prepare_switches(self, conn: psycopg.Connection) -> None:

@@ -2,7 +2,8 @@
 field with a default, halfway), replayed by v1 with the old reader schema and by v2 with the new
 one into their tables, each exact against a reference that decodes every record with fastavro's
 own schemaless reader and resolution; the schema registry stops in the middle of v2's replay
-(v2 says why and waits, then resumes, exact); a version given a bad credential fails at once.
+(v2 says why and waits, then resumes, exact); a reader schema that cannot read one of the log's
+writer schemas is refused at deploy unless allowed; a bad credential fails a version at once.
 
 The registry is the stand-in (tests/registry_standin.py: no registry server installs here)."""
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_until
+from conftest import kappa_cli, wait_until
 from integration.helpers import assert_batches_tile_the_log, dead_letters, stop_drivers
 from reference import read_records
 from registry_standin import RegistryStandIn
@@ -55,14 +56,15 @@ def registry() -> Iterator[RegistryStandIn]:
     standin.close()
 
 
-def _job(tmp_path: Path, topic: str, version: str, reader: int) -> Path:
+def _job(tmp_path: Path, topic: str, version: str, reader: int,
+         schema: dict[str, Any] | None = None) -> Path:
     from orchestrator.samples.sample_avro import SCHEMAS
 
     folder = tmp_path / "jobs" / version
     folder.mkdir(parents=True)
     (folder / "job.py").write_text(JOB_CODE.format(job=JOB, version=version, topic=topic,
                                                    referred=REFERRED[reader]))
-    (folder / "page_view.avsc").write_text(json.dumps(SCHEMAS[reader - 1]))
+    (folder / "page_view.avsc").write_text(json.dumps(schema or SCHEMAS[reader - 1]))
     return folder
 
 
@@ -136,9 +138,13 @@ def test_an_avro_log_of_two_schema_versions_replays_exactly_across_a_registry_st
         service.deploy(_job(tmp_path, topic, "v1", reader=1))
         service.wait(JOB, "v1", timeout_s=300)
         # The records written under the second schema carry an id the registry gave it: v2's
-        # replay asks for it once past the first half, and the registry stops right there.
-        registry.stop_at = "/schemas/ids/2"
+        # replay asks for it once past the first half, and the registry stops right there. (Its
+        # deploy asked for it once, checking that the reader reads it; the driver, a process
+        # of its own, has not asked yet when the deploy returns.)
+        asked = registry.requests["GET /schemas/ids/2"]
         service.deploy(_job(tmp_path, topic, "v2", reader=2))
+        registry.stop_at = "/schemas/ids/2"
+        assert registry.requests["GET /schemas/ids/2"] == asked + 1
         wait_until(registry.stopped.is_set, 300, "v2 to ask the registry for schema id 2")
         stalled = wait_until(lambda: (st := _status(service, "v2")).reason and
                              "schema registry" in st.reason and st, 120,
@@ -155,9 +161,20 @@ def test_an_avro_log_of_two_schema_versions_replays_exactly_across_a_registry_st
             assert_batches_tile_the_log(settings, JOB, version, topic, log_end)
         assert _status(service, "v2").reason is None
 
-        # A credential the registry refuses fails the version at once, saying what to set.
-        refused = Orchestrator(replace(settings, schema_registry_user_info="kappa:pw-bad-9"))
-        refused.deploy(_job(tmp_path, topic, "v3", reader=2))
+        # A reader that cannot read the log's first writer schema is refused at deploy, in one
+        # line naming the writer and the field; allowed, its deploy goes on. The registry then
+        # refuses the driver's credential: the version fails at once, saying what to set.
+        needs_country = {**SCHEMAS[1], "fields": [*SCHEMAS[1]["fields"],
+                                                  {"name": "country", "type": "string"}]}
+        v3 = _job(tmp_path, topic, "v3", reader=2, schema=needs_country)
+        incompatible = kappa_cli(settings, "deploy", str(v3))
+        assert incompatible.returncode != 0
+        assert (f"cannot read the records written with schema id 1 ({topic}-value version 1; "
+                "one at partition") in incompatible.stderr, incompatible.stderr[-2000:]
+        assert "field country: the writer has no such field" in incompatible.stderr
+        bad_credential = replace(settings, schema_registry_user_info="kappa:pw-bad-9")
+        allowed = kappa_cli(bad_credential, "deploy", "--allow-incompatible", str(v3))
+        assert allowed.returncode == 0, allowed.stderr[-2000:]
         failed = wait_until(lambda: (st := _status(service, "v3")).state.value == "failed"
                             and st, 300, "v3 to fail")
         assert "refused the credentials" in failed.reason

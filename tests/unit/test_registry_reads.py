@@ -5,12 +5,16 @@ topic's, format and reader schema included, so that it finds the archive's decod
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from orchestrator.archive_model.decoding import Decoding
-from orchestrator.models import EventFormat, TopicInput
+from orchestrator.models import EventFormat, JobSpec, TopicInput
 from orchestrator.settings import load_settings
 from orchestrator.spark.failures import is_outage, job_error
 
@@ -81,3 +85,57 @@ def test_a_registry_away_is_waited_out_and_refused_credentials_fail_at_once() ->
     error = job_error(refused)
     assert error is not None and str(error).startswith(
         "the schema registry at http://registry.example:8081 refused the credentials")
+
+
+def test_the_log_is_sampled_at_spread_places_ending_with_its_last_records() -> None:
+    from orchestrator.kafka.writer_ids import PLACES, RECORDS_PER_PLACE, places
+
+    assert places(5, 5) == [] and places(0, 20) == [0, 16]
+    spread = places(100, 100_100)
+    assert len(spread) == PLACES and spread[0] == 100
+    assert spread[-1] + RECORDS_PER_PLACE == 100_100
+    assert all(b - a >= RECORDS_PER_PLACE for a, b in itertools.pairwise(spread))
+
+
+def test_deploy_refuses_a_reader_that_cannot_read_a_writer_of_the_log(tmp_path: Path) -> None:
+    from orchestrator.errors import JobFileError
+    from orchestrator.samples.sample_avro import PAGE_VIEW_V1, PAGE_VIEW_V2
+    from orchestrator.settings import Settings
+    from orchestrator.versions.registry_formats import refuse_unreadable_writers
+
+    from registry_standin import RegistryStandIn
+
+    registry = RegistryStandIn()
+    try:
+        for schema in (PAGE_VIEW_V1, PAGE_VIEW_V2):
+            registry.register("t-value", json.dumps(schema), "AVRO")
+        settings = Settings(schema_registry_url=registry.url)
+        needs_country = {**PAGE_VIEW_V2, "fields": [*PAGE_VIEW_V2["fields"],
+                                                    {"name": "country", "type": "string"}]}
+        sampled = {1: (0, 7), 2: (3, 4_000), 999_999: (1, 2)}  # an unknown id: not the reader's
+        for reader, refused in ((PAGE_VIEW_V2, None), (PAGE_VIEW_V1, None), (needs_country, (
+                "the reader schema of t cannot read the records written with schema id 1 "
+                "(t-value version 1; one at partition 0 offset 7): field country: the writer "
+                "has no such field, and the reader gives it no default. Give the field a "
+                "default"))):
+            text = json.dumps(reader, sort_keys=True, separators=(",", ":"))
+            spec = replace(load_spec(), inputs=(replace(AVRO, format=EventFormat(
+                "avro", text, source="inline")),))
+            if refused is None:
+                refuse_unreadable_writers(spec, settings, lambda _topic: sampled)
+                continue
+            with pytest.raises(JobFileError) as raised:
+                refuse_unreadable_writers(spec, settings, lambda _topic: sampled)
+            assert refused in str(raised.value) and "\n" not in str(raised.value)
+            assert "--allow-incompatible" in str(raised.value)
+    finally:
+        registry.close()
+
+
+def load_spec() -> JobSpec:
+    from orchestrator.jobspec import parse_job_source
+
+    return parse_job_source("\n".join([
+        'NAME = "pv"', 'VERSION = "v1"', 'TOPICS = ["t"]', 'KEY_COLUMNS = ["user_id"]',
+        'OUTPUT_SCHEMA = {"user_id": "bigint"}', 'EVENT_SCHEMA = "user_id bigint"',
+        "def transform(events):", "    return events", ""]), "pv.py")
