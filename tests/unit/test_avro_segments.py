@@ -126,6 +126,55 @@ def test_raw_and_decoded_segments_read_as_fastavro_reads_them(
     assert writer_ids(pq.read_schema(pa.BufferReader(parquet_bytes(decoded)))) == sorted(met)
 
 
+@_SETTINGS
+@given(st.data(), _WRITERS, st.lists(st.booleans(), max_size=5), st.integers(0, 2),
+       st.sampled_from(["dead_letter", "pass"]))
+def test_the_stream_source_reads_avro_from_kafka_as_fastavro_reads_it(
+        data: st.DataObject, writer: tuple[Any, Any], dropped: list[bool], added: int,
+        tombstones: str) -> None:
+    schema, records = writer
+    reader = _reader_of(schema, dropped, added)
+    decoding = _decoding(reader, tombstones)
+    archived = _archived(data.draw(st.lists(_values(schema, records), min_size=1, max_size=8)))
+    expected_rows, dead_offsets = _reference_rows(archived, decoding, schema, reader)
+    per_record = AvroEventParser(reader, {WRITER_ID: schema}.get)
+    reasons = [(r[0], per_record.parse(r[4])[1]) for r in archived if r[0] in dead_offsets]
+    rows, dead = _read_from_kafka(archived, decoding, _Registry({WRITER_ID: schema}))
+    assert canonical(rows.to_pylist()) == canonical(expected_rows.to_pylist())
+    assert [(d[3], d[7]) for d in dead] == reasons
+
+
+def _read_from_kafka(archived: Sequence[ArchivedRecord], decoding: Decoding, registry: _Registry
+                     ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
+    """The stream source's read of ``archived`` from Kafka (its reader, the catalog's stage
+    and the registry's client stubbed): its rows and its staged dead letters."""
+    import pytest
+
+    import orchestrator.kafka.reader
+    import orchestrator.spark.writer
+    from orchestrator.kafka.endpoint import KafkaEndpoint
+    from orchestrator.kafka.registry_endpoint import RegistryEndpoint
+    from orchestrator.spark.read import source
+
+    dead: list[tuple[Any, ...]] = []
+    options = source.source_options(
+        kafka=KafkaEndpoint("localhost:9092"), source=TopicInput(
+            TOPIC, decoding.schema, decoding.non_negative, decoding.tombstones, decoding.format),
+        group_id="g", start_offsets={}, chunk_records=10_000, max_batch_records=10_000,
+        version_id=0, catalog_schema="unused", job="j", version="v1",
+        registry=RegistryEndpoint("http://registry.invalid:8081"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(orchestrator.kafka.reader, "read_range", lambda *_, **__: iter(
+            [[(o, ts, key, value, headers) for o, ts, _, key, value, headers in archived]]))
+        patch.setattr(orchestrator.spark.writer, "stage_dead_letters",
+                      lambda _schema, rows: dead.extend(rows))
+        patch.setattr(orchestrator.spark.writer, "stage_read", lambda *_, **__: None)
+        patch.setattr(source, "writer_schemas", lambda endpoint: endpoint and registry)
+        batches = list(source.KafkaStreamReader(options).read(source.KafkaRange(
+            TOPIC, PARTITION, archived[0][0], archived[-1][0] + 1)))
+    return pa.Table.from_batches(batches, schema_of(decoding)), dead
+
+
 def test_a_json_decoding_keeps_its_fingerprint_and_readers_tell_avro_decodings_apart() -> None:
     plain = Decoding.of(TopicInput(TOPIC, "`url` string", (), "dead_letter"))
     assert "format" not in plain.to_json()
