@@ -161,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what to produce (default: profiles for a topic named profiles*, "
                     "else pageviews)")
     ps.add_argument("--users", type=int, help="user ids 1..N (default 5000)")
-    ps.add_argument("--format", choices=["json", "avro"], default="json", dest="event_format",
-                    help="json, or avro in the schema registry's wire format (page views, "
-                    "two schema versions registered at KAPPA_SCHEMA_REGISTRY_URL)")
+    ps.add_argument("--format", choices=["json", "avro", "protobuf"], default="json",
+                    dest="event_format", help="json, or avro or protobuf in the schema "
+                    "registry's wire format (page views, two schema versions registered at "
+                    "KAPPA_SCHEMA_REGISTRY_URL)")
     ps.add_argument("--transactional", action="store_true",
                     help="produce in transactions of 1,000 records and abort every 5th")
     ps.add_argument("--invalid-share", type=float,

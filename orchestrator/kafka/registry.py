@@ -125,14 +125,45 @@ def avro_serializer(endpoint: RegistryEndpoint, topic: str, schemas: Sequence[Ma
     """The registry client's own AvroSerializer for ``topic``'s values, one per schema version
     (registered under ``<topic>-value`` on first use): (record, version from 1) -> bytes."""
     from confluent_kafka.schema_registry.avro import AvroSerializer
-    from confluent_kafka.serialization import MessageField, SerializationContext
 
     registry = SchemaRegistry.at(endpoint)
     serializers = [AvroSerializer(registry._client, json.dumps(s)) for s in schemas]
+    return _serialize(registry, topic, [(s, lambda record: record) for s in serializers])
+
+
+def protobuf_serializer(endpoint: RegistryEndpoint, topic: str, descriptor_sets: Sequence[bytes],
+                        message: str) -> Callable[[dict[str, Any], int], bytes]:
+    """The registry client's own ProtobufSerializer for ``topic``'s values, one per version of
+    ``message`` (a descriptor set each): (record, version from 1) -> bytes, its None fields
+    left unset."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from google.protobuf import message_factory
+
+    from orchestrator.formats.protobuf_types import message_descriptor
+
+    registry = SchemaRegistry.at(endpoint)
+    written = []
+    for descriptors in descriptor_sets:
+        cls = message_factory.GetMessageClass(message_descriptor(descriptors, message, topic))
+        written.append((ProtobufSerializer(cls, registry._client), _filled(cls)))
+    return _serialize(registry, topic, written)
+
+
+def _filled(cls: Any) -> Callable[[dict[str, Any]], Any]:
+    return lambda record: cls(**{k: v for k, v in record.items() if v is not None})
+
+
+def _serialize(registry: SchemaRegistry, topic: str,
+               serializers: Sequence[tuple[Callable[[Any, Any], bytes | None],
+                                           Callable[[dict[str, Any]], Any]]]
+               ) -> Callable[[dict[str, Any], int], bytes]:
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
     context = SerializationContext(topic, MessageField.VALUE)
 
     def serialize(record: dict[str, Any], version: int) -> bytes:
-        framed = registry._call(lambda r: serializers[version - 1](r, context), record,
+        serializer, to_value = serializers[version - 1]
+        framed = registry._call(lambda r: serializer(to_value(r), context), record,
                                 f"registering {topic}-value")
         assert isinstance(framed, bytes)
         return framed

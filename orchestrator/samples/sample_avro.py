@@ -1,11 +1,12 @@
-"""The page-view sample as Avro in the schema registry's wire format: the events of
-``sample.sample_events``, the same for the same arguments, written under two versions of
-their schema. The second version adds a field with a default (``referrer``) and writes the
-second half of the stream, as a producer upgraded midway would.
+"""The page-view sample in the schema registry's wire format, as Avro (the schemas here) or as
+Protobuf (samples/sample_protobuf.py): the events of ``sample.sample_events``, the same for the
+same arguments, written under two versions of their schema. The second version adds a field
+with a default (``referrer``) and writes the second half of the stream, as a producer upgraded
+midway would.
 
-The JSON sample's invalid events become what goes wrong with Avro: a value that is not in the
-wire format (``not_json``: the JSON text itself), truncated bytes (``missing_field``), an id
-that the registry does not know (``wrong_type``), and a valid record with a negative duration
+The JSON sample's invalid events become what goes wrong in the wire format: a value that is
+not in it (``not_json``: the JSON text itself), truncated bytes (``missing_field``), an id that
+the registry does not know (``wrong_type``), and a valid record with a negative duration
 (``negative_duration``, a NON_NEGATIVE dead letter). Serializing is the caller's: the
 registry's own serializer registers each version (samples/sample_data.py)."""
 
@@ -33,10 +34,10 @@ UNKNOWN_ID = 999_999  # no registry here hands out ids this high for a sample's 
 Serialize = Callable[[dict[str, Any], int], bytes]
 
 
-def avro_sample_events(count: int, seed: int, serialize: Serialize, *, users: int = USERS,
-                       invalid_share: float | None = None) -> Iterator[tuple[bytes, bytes]]:
-    """``count`` (key, value) events for ``seed``: the first half written with PAGE_VIEW_V1,
-    the rest with PAGE_VIEW_V2."""
+def framed_sample_events(count: int, seed: int, serialize: Serialize, *, users: int = USERS,
+                         invalid_share: float | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """``count`` (key, value) events for ``seed``: the first half written with the schema's
+    first version, the rest with its second (which adds ``referrer``)."""
     halfway = count // 2
     for i, (key, text) in enumerate(sample_events(count, seed, users=users,
                                                   invalid_share=invalid_share)):

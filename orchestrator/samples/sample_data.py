@@ -32,9 +32,9 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
     ``kind``: "pageviews" (orchestrator.samples.sample) or "profiles" (a changelog with tombstones,
     orchestrator.samples.sample_profiles); None picks "profiles" for a topic whose name starts with
     "profiles", else "pageviews". ``users``/``invalid_share``: None keeps the generator's
-    default. ``event_format``: "json", or "avro" (page views only) in the schema registry's
-    wire format, its two schema versions registered in ``settings.schema_registry``
-    (samples/sample_avro.py). Arguments are checked before the topic is created.
+    default. ``event_format``: "json", or "avro" or "protobuf" (page views only) in the schema
+    registry's wire format, its two schema versions registered in ``settings.schema_registry``
+    (samples/sample_avro.py, samples/sample_protobuf.py). Arguments are checked before the topic is created.
     """
     from orchestrator.kafka.admin import ensure_topic
     from orchestrator.kafka.producer import produce, produce_in_transactions
@@ -42,13 +42,14 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
     if kind is None:
         kind = "profiles" if topic.startswith("profiles") else "pageviews"
     records: Iterator[tuple[bytes, bytes | None]]
-    if event_format not in ("json", "avro"):
-        raise KappaError(f"unknown sample format {event_format!r}: use json or avro")
-    if event_format == "avro":
+    if event_format not in ("json", "avro", "protobuf"):
+        raise KappaError(f"unknown sample format {event_format!r}: use json, avro or protobuf")
+    if event_format != "json":
         if kind != "pageviews":
-            raise KappaError("the Avro sample is of page views: drop --kind profiles, or "
-                             "produce the profiles as JSON")
-        records = _avro_pageviews(settings, topic, count, seed, users, invalid_share)
+            raise KappaError(f"the {event_format} sample is of page views: drop --kind "
+                             "profiles, or produce the profiles as JSON")
+        records = _framed_pageviews(settings, topic, event_format, count, seed, users,
+                                    invalid_share)
     elif kind == "pageviews":
         from orchestrator.samples.sample import USERS, sample_events
 
@@ -72,17 +73,21 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
     return produce(bootstrap, topic, records, rate=rate)
 
 
-def _avro_pageviews(settings: Settings, topic: str, count: int, seed: int, users: int | None,
-                    invalid_share: float | None) -> Iterator[tuple[bytes, bytes | None]]:
+def _framed_pageviews(settings: Settings, topic: str, event_format: str, count: int, seed: int,
+                      users: int | None, invalid_share: float | None
+                      ) -> Iterator[tuple[bytes, bytes | None]]:
     from orchestrator.errors import ConfigError
-    from orchestrator.kafka.registry import avro_serializer
+    from orchestrator.kafka.registry import avro_serializer, protobuf_serializer
     from orchestrator.samples.sample import USERS
-    from orchestrator.samples.sample_avro import SCHEMAS, avro_sample_events
+    from orchestrator.samples.sample_avro import SCHEMAS, framed_sample_events
+    from orchestrator.samples.sample_protobuf import DESCRIPTOR_SETS, MESSAGE
 
     endpoint = settings.schema_registry
     if endpoint is None:
-        raise ConfigError("the Avro sample registers its schemas: set schema_registry_url "
-                          "(KAPPA_SCHEMA_REGISTRY_URL)")
-    return avro_sample_events(count, seed, avro_serializer(endpoint, topic, SCHEMAS),
+        raise ConfigError(f"the {event_format} sample registers its schemas: set "
+                          "schema_registry_url (KAPPA_SCHEMA_REGISTRY_URL)")
+    serialize = avro_serializer(endpoint, topic, SCHEMAS) if event_format == "avro" else \
+        protobuf_serializer(endpoint, topic, DESCRIPTOR_SETS, MESSAGE)
+    return framed_sample_events(count, seed, serialize,
                               users=USERS if users is None else users,
                               invalid_share=invalid_share)

@@ -16,7 +16,7 @@ from orchestrator.formats.avro_events import AvroEventParser
 from orchestrator.kafka.registry import SchemaRegistry
 from orchestrator.parsing import EventParser
 from orchestrator.samples.sample import sample_events
-from orchestrator.samples.sample_avro import SCHEMAS, avro_sample_events
+from orchestrator.samples.sample_avro import SCHEMAS, framed_sample_events
 
 from registry_standin import RegistryStandIn
 
@@ -42,7 +42,7 @@ def _serialize(url: str) -> Any:
 def test_the_avro_sample_is_the_json_samples_events_under_two_schema_versions(
         standin: RegistryStandIn) -> None:
     count, seed = 4_000, 7
-    avro = list(avro_sample_events(count, seed, _serialize(standin.url), invalid_share=0.02))
+    avro = list(framed_sample_events(count, seed, _serialize(standin.url), invalid_share=0.02))
     plain = list(sample_events(count, seed, invalid_share=0.02))
     assert [k for k, _ in avro] == [k for k, _ in plain]
     assert standin.subjects == {"pageviews-value": [1, 2]}
