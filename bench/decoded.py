@@ -50,7 +50,7 @@ def duckdb_aggregate(settings: Any, files: list[str], peer_table: str) -> dict[s
 def from_decoded(settings: Any, service: Any, raw: Any, warm: Any | None, workdir: Path,
                  topic: str, version: str, peer_table: str, theirs: dict[str, Any],
                  produced: int, kafka: dict[str, Any], raw_all: float,
-                 profile: Path | None) -> dict[str, Any]:
+                 profile: Path | None, event_format: str = "json") -> dict[str, Any]:
     """Archive the topic (raw), decode it (timed), replay the decoded segments cold and on a
     warm spare, and aggregate them in DuckDB."""
     from bench.kappa_runs import checked_replay
@@ -64,7 +64,7 @@ def from_decoded(settings: Any, service: Any, raw: Any, warm: Any | None, workdi
     if len(progress) != 1 or progress[0].pending or not progress[0].decoded_segments:
         raise RuntimeError(f"the topic was meant to be decoded whole once: {progress}")
     ours = checked_replay(settings, service, workdir, topic, version, peer_table, theirs,
-                          produced, profile)
+                          produced, profile, event_format)
     if ours["archived_offsets"] != produced:
         raise RuntimeError(f"the replay read {ours['archived_offsets']} of {produced} offsets "
                            "from the archive: it was meant to read them all there")

@@ -20,16 +20,30 @@ JOB = "pageview_counts"
 
 
 def job_file(directory: Path, topic: str, version: str, *, shipped: str = "v1",
-             name: str = JOB) -> Path:
+             name: str = JOB, event_format: str = "json") -> Path:
     """The shipped job ``shipped`` (by default v1: the peer reproduces v1's semantics, the URL
-    as it is, so the tables must be equal) on ``topic``, as job ``name`` at ``version``."""
+    as it is, so the tables must be equal) on ``topic``, as job ``name`` at ``version``. With
+    ``event_format`` "avro", a job directory whose events are the Avro sample's, read with its
+    second schema version (the same events as the JSON sample's for the same seed)."""
     source = (ROOT / "jobs" / JOB / f"{shipped}.py").read_text()
     source = re.sub(r"^TOPICS = .*$", f'TOPICS = ["{topic}"]', source, flags=re.M)
     source = re.sub(r"^VERSION = .*$", f'VERSION = "{version}"', source, flags=re.M)
     source = re.sub(r"^NAME = .*$", f'NAME = "{name}"', source, flags=re.M)
-    path = directory / f"bench_{name}_{version}.py"
-    path.write_text(source)
-    return path
+    if event_format == "json":
+        path = directory / f"bench_{name}_{version}.py"
+        path.write_text(source)
+        return path
+    import json
+
+    from orchestrator.samples.sample_avro import PAGE_VIEW_V2
+
+    source = re.sub(r"^EVENT_SCHEMA = .*$", 'EVENT_FORMAT = "avro"\nEVENT_SCHEMA = '
+                    '"page_view.avsc"', source, flags=re.M)
+    folder = directory / f"bench_{name}_{version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.py").write_text(source)
+    (folder / "page_view.avsc").write_text(json.dumps(PAGE_VIEW_V2))
+    return folder
 
 
 def state_times(settings: Any, version: str, job: str = JOB) -> dict[str, datetime]:
@@ -76,7 +90,7 @@ def table_difference(settings: Any, table_a: str, table_b: str) -> int:
 
 
 def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str,
-                 profile: Path | None = None) -> dict[str, Any]:
+                 profile: Path | None = None, event_format: str = "json") -> dict[str, Any]:
     """Deploy v1 on the topic, wait until caught up, measure; the version is left running.
     With ``profile``, CPU by process role and the Python processes' stacks are sampled from
     deploy to caught up, and summarised under "profile"."""
@@ -85,7 +99,8 @@ def kappa_replay(settings: Any, service: Any, workdir: Path, topic: str, version
 
     deployed_at = datetime.now(UTC)
     began = time.perf_counter()
-    pid = service.deploy(job_file(workdir, topic, version)).status.pid
+    pid = service.deploy(job_file(workdir, topic, version,
+                                  event_format=event_format)).status.pid
     with profiled(pid, profile, version) as found:
         status = service.wait(JOB, version, timeout_s=1800, poll_s=0.5)
         wall = time.perf_counter() - began
@@ -147,11 +162,11 @@ def archived_offsets(settings: Any, version: str) -> int:
 
 def checked_replay(settings: Any, service: Any, workdir: Path, topic: str, version: str,
                    peer_table: str, theirs: dict[str, Any], produced: int,
-                   profile: Path | None) -> dict[str, Any]:
+                   profile: Path | None, event_format: str = "json") -> dict[str, Any]:
     """kappa's replay, its output checked against the peer's; the version is stopped after."""
     from orchestrator.naming import output_table
 
-    ours = kappa_replay(settings, service, workdir, topic, version, profile)
+    ours = kappa_replay(settings, service, workdir, topic, version, profile, event_format)
     try:
         differing = table_difference(settings, output_table(JOB, version), peer_table)
         ours["archived_offsets"] = archived_offsets(settings, version)

@@ -1,7 +1,8 @@
 """Replay benchmark: kappa's replay against the raw read rate and a hand-written peer.
 
     .venv/bin/python bench/replay.py [--events N [N ...]] [--source kafka [archive] [decoded]]
-                                     [--workers W [W ...]] [--unpruned] [--cold-only] [--json]
+                                     [--workers W [W ...]] [--unpruned] [--cold-only]
+                                     [--format avro] [--json]
 
 Starts its own embedded stack in a temporary directory (or uses KAPPA_PG_DSN and
 KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample events into a new
@@ -25,6 +26,9 @@ KAPPA_KAFKA_BOOTSTRAP). For each N (default 1,000,000) it produces N sample even
 6. unless --cold-only: every replay above starts its driver cold (warm_spares 0); then one
    more version is deployed once a warm spare driver is ready, and adopts it
    (bench/warm_start.py): deploy to the first batch and to caught up, warm against cold.
+7. with --format avro: the same events written as Avro under two schema versions, replayed
+   from Kafka and (with --source decoded) from decoded segments, with the ratios to the JSON
+   replays: bench/avro_runs.py.
 It checks that kappa's output table equals the peer's row for row and that both rejected the
 same number of records (raises if not), prints the rates and ratios, and with several N the
 "flat cost" figure: µs per event at the largest N over µs per event at the smallest (1.0: the
@@ -106,7 +110,8 @@ def from_archive(settings: Any, service: Any, workdir: Path, topic: str, version
 def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
             workers: list[int], worker_cores: int, profile: Path | None = None,
             sources: tuple[str, ...] = ("kafka",), unpruned: Any | None = None,
-            warm: Any | None = None, raw: Any | None = None) -> dict[str, Any]:
+            warm: Any | None = None, raw: Any | None = None, avro: bool = False
+            ) -> dict[str, Any]:
     """Every figure for one topic of ``count`` events; ``name`` is unique per run. The replay
     from Kafka runs first, before the archive holds the topic: then Kafka serves every range."""
     from bench import peer
@@ -139,6 +144,11 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
                            f"{version}d", peer_table, theirs, produced, ours, raw_all,
                            profile if last == "decoded" else None) \
         if "decoded" in sources else None
+    if avro:
+        from bench.avro_runs import avro_figures
+
+        decoded_avro = avro_figures(settings, workdir, name, count, peer_table, theirs, ours,
+                                    decoded, raw_all)
     wall, replay_s = ours["wall_s"], ours["replay_s"]
     clusters = [cluster_replay(settings, workdir, topic, f"{version}w{w}", w, worker_cores,
                                peer_table, produced, theirs["invalid"]) for w in workers]
@@ -178,6 +188,7 @@ def measure(settings: Any, service: Any, workdir: Path, name: str, count: int,
         **({"warm_spare": spare} if spare else {}),
         **({"from_archive": archived} if archived else {}),
         **({"from_decoded": decoded} if decoded else {}),
+        **({"avro": decoded_avro} if avro else {}),
         **({"standalone_cluster": clusters} if clusters else {}),
         **({"profile": ours["profile"]} if "profile" in ours else {}),
     }
@@ -217,6 +228,10 @@ def main() -> int:
                              "worth")
     parser.add_argument("--cold-only", action="store_true",
                         help="skip the replay on a warm spare driver")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        dest="event_format",
+                        help="avro: also replay the sample written as Avro (bench/avro_runs.py) "
+                             "from Kafka and, with --source decoded, from decoded segments")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from bench.replay_report import show
@@ -236,7 +251,7 @@ def main() -> int:
         runs = [measure(settings, service, workdir, f"{tag}_{i}", n,
                         args.workers if n == smallest else [], args.worker_cores,
                         args.profile if n == largest else None, tuple(args.source), unpruned,
-                        None if args.cold_only else warm, raw)
+                        None if args.cold_only else warm, raw, args.event_format == "avro")
                 for i, n in enumerate(args.events)]
     results = {"runs": runs, "flat_cost_us_per_event_largest_over_smallest": flat_cost(runs)}
     if args.json:

@@ -32,7 +32,8 @@ def show(results: dict[str, Any]) -> None:
 
 _SECTIONS = {"from_archive": "replayed from the archive's raw segments:",
              "from_decoded": "replayed from decoded segments:",
-             "warm_spare": "deployed on a warm spare driver:"}
+             "warm_spare": "deployed on a warm spare driver:",
+             "avro": "the same events as Avro (two schema versions), from Kafka:"}
 
 
 def _section(key: str, value: dict[str, Any], indent: str) -> None:
