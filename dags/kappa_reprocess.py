@@ -65,6 +65,9 @@ with DAG(
                          description="outcome metrics (kappa metric define), with strategy"),
         "breaking": Param(False, type="boolean",
                           description="allow a split whose version removes or retypes columns"),
+        "allow_incompatible": Param(
+            False, type="boolean", description="deploy an Avro reader schema that cannot read "
+            "some of the log's writer schemas: their records go to the dead-letter table"),
         "priority": Param(0, type="integer", minimum=-1000, maximum=1000,
                           description="its place in the replay queue when every replay slot "
                                       "is taken: higher replays first"),
@@ -74,7 +77,8 @@ with DAG(
     deploy = KappaDeployOperator(task_id="deploy", job_file=request["job_file"],
                                  expect_version=request["version"],
                                  expect_fingerprint=request["fingerprint"],
-                                 priority=request["priority"])
+                                 priority=request["priority"],
+                                 allow_incompatible=request["allow_incompatible"])
     wait = KappaCaughtUpSensor(
         task_id="wait_caught_up", job=request["job"], version=request["version"],
         max_lag=request["max_lag"], max_wait_minutes=request["catch_up_timeout_minutes"])

@@ -67,15 +67,16 @@ class KappaDeployOperator(KappaBaseOperator):
     """
 
     template_fields: Sequence[str] = ("job_file", "expect_version", "expect_fingerprint",
-                                      "priority")
+                                      "priority", "allow_incompatible")
 
     def __init__(self, *, job_file: str, restart_stopped: bool = True,
                  expect_version: str | None = None, expect_fingerprint: str | None = None,
-                 priority: int | str = 0, **kwargs: Any):
+                 priority: int | str = 0, allow_incompatible: Any = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.job_file, self.restart_stopped = job_file, restart_stopped
         self.expect_version, self.expect_fingerprint = expect_version, expect_fingerprint
         self.priority = priority  # its place in the replay queue (kappa deploy --priority)
+        self.allow_incompatible = allow_incompatible  # kappa deploy --allow-incompatible
 
     def execute(self, context: Any) -> dict[str, Any]:
         from orchestrator.jobspec import load_job_file
@@ -92,7 +93,9 @@ class KappaDeployOperator(KappaBaseOperator):
                     f"{spec.fingerprint[:19]}; checked {expected[0]}, {expected[1][:19]}): "
                     "trigger a new run")
             service = self.service()
-            result = service.deploy(spec.path, priority=self.priority)
+            result = service.deploy(
+                spec.path, priority=self.priority,
+                allow_incompatible=self.allow_incompatible in (True, "True", "true"))
             status = result.status
             if result.created:
                 self.log.info("deployed %s %s (fingerprint %s): replaying into %s",

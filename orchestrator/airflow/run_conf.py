@@ -28,6 +28,7 @@ REPROCESS_DEFAULTS: dict[str, Any] = {
     "metrics": [],
     "breaking": False,
     "priority": 0,
+    "allow_incompatible": False,
 }
 # An outcome cutover's options, named as `kappa cutover`'s flags are: conf key -> design field.
 EXPERIMENT_OPTIONS = {
@@ -55,6 +56,8 @@ class ReprocessRequest:
     experiment: ExperimentDesign | None = None  # an outcome cutover instead of the ramp
     breaking: bool = False  # the split may remove or retype columns (kappa ab --breaking)
     priority: int = 0  # its place in the replay queue (kappa deploy --priority)
+    # An Avro reader that cannot read some writer schemas (kappa deploy --allow-incompatible)
+    allow_incompatible: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ def parse_reprocess(conf: Mapping[str, Any], project_dir: Path) -> ReprocessRequ
         experiment=parse_experiment(merged),
         breaking=_flag(merged, "breaking"),
         priority=_priority(merged["priority"]),
+        allow_incompatible=_flag(merged, "allow_incompatible"),
     )
 
 
@@ -218,7 +222,8 @@ def checked_reprocess(conf: Mapping[str, Any], project_dir: Path) -> dict[str, A
             "retire_previous": request.retire_previous, "alias": request.alias,
             "catch_up_timeout_minutes": request.catch_up_timeout_minutes,
             "experiment": request.experiment.to_json() if request.experiment else None,
-            "breaking": request.breaking, "priority": request.priority}
+            "breaking": request.breaking, "priority": request.priority,
+            "allow_incompatible": request.allow_incompatible}
 
 
 def checked(kind: str, conf: Mapping[str, Any], project_dir: Path) -> dict[str, Any]:

@@ -34,7 +34,8 @@ def produce_sample(settings: Settings, topic: str, count: int, seed: int,
     "profiles", else "pageviews". ``users``/``invalid_share``: None keeps the generator's
     default. ``event_format``: "json", or "avro" or "protobuf" (page views only) in the schema
     registry's wire format, its two schema versions registered in ``settings.schema_registry``
-    (samples/sample_avro.py, samples/sample_protobuf.py). Arguments are checked before the topic is created.
+    (samples/sample_avro.py, samples/sample_protobuf.py). Arguments are checked before the
+    topic is created.
     """
     from orchestrator.kafka.admin import ensure_topic
     from orchestrator.kafka.producer import produce, produce_in_transactions

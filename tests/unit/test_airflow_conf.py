@@ -68,6 +68,7 @@ def test_the_checked_conf_names_the_job_and_is_plain_json() -> None:
     ({"job_file": V2, "strategy": "ab", "metrics": ["c", "c"]}, "metric names repeat"),
     ({"job_file": V2, "strategy": "ab", "metrics": ["no good"]}, "metric name"),
     ({"job_file": V2, "breaking": "yes"}, "breaking must be true or false"),
+    ({"job_file": V2, "allow_incompatible": 1}, "allow_incompatible must be true or false"),
     ({"job_file": V2, "priority": 1001}, "priority 1001 is not valid: give an integer from"),
     ({"job_file": V2, "priority": "high"}, "conf priority must be a whole number"),
     ({"job_file": V2, "priority": 2.5}, "conf priority must be a whole number"),
@@ -101,6 +102,10 @@ def test_an_outcome_conf_becomes_the_design_the_cli_would_make() -> None:
     # Its place in the replay queue, as `kappa deploy --priority`.
     assert checked["priority"] == 0
     assert checked_reprocess({"job_file": V2, "priority": -7}, ROOT)["priority"] == -7
+    # An Avro reader that cannot read some writer schemas, as `kappa deploy --allow-incompatible`.
+    assert checked["allow_incompatible"] is False
+    assert checked_reprocess({"job_file": V2, "allow_incompatible": True},
+                             ROOT)["allow_incompatible"] is True
 
 
 def test_a_hostile_alias_is_refused() -> None:
