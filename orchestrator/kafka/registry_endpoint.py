@@ -56,4 +56,3 @@ def _secret_file(path: str | None, setting: str) -> str | None:
     except OSError as exc:
         raise ConfigError(f"{setting}={path} cannot be read ({exc.strerror}): fix the path or "
                           "its permissions") from exc
-

@@ -42,7 +42,7 @@ from orchestrator.lag import (
     take_records,
 )
 from orchestrator.log_identity import LogIdentity, log_gone_reason, replaced
-from orchestrator.models import TopicInput
+from orchestrator.models import EventFormat, TopicInput
 from orchestrator.parsing import EventParser
 from orchestrator.record_parsers import record_parser
 from orchestrator.schema import Struct, parse_ddl
@@ -105,7 +105,12 @@ def source_decoding(options: Mapping[str, str]) -> Decoding:
     """The decoding of the source's records: what decides a row or a dead letter."""
     return Decoding(options["schema"], tuple(sorted(json.loads(options["non_negative"]))),
                     options["tombstones"], decoder=options["decoder"],
-                    format=format_from_json(json.loads(options.get("format") or "null")))
+                    format=source_format(options))
+
+
+def source_format(options: Mapping[str, str]) -> EventFormat:
+    """How the source's record values are encoded, with the reader schema they are read with."""
+    return format_from_json(json.loads(options.get("format") or "null"))
 
 
 def source_registry(options: Mapping[str, str], env: Mapping[str, str]
@@ -302,9 +307,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wanted = None if columns is None else frozenset(columns)
         non_negative = json.loads(self.options["non_negative"])
         pass_tombstones = self.options["tombstones"] == "pass"
-        fmt = format_from_json(json.loads(self.options.get("format") or "null"))
         registry = writer_schemas(source_registry(self.options, os.environ))
-        parser = record_parser(schema, non_negative, fmt, registry)
+        parser = record_parser(schema, non_negative, source_format(self.options), registry)
         builder = BatchBuilder(
             pa.schema([*KAFKA_FIELDS, *arrow_fields(schema)]), partition.topic,
             partition.partition, len(parser.fields),
